@@ -1,0 +1,51 @@
+// Command nimbus is the whole Nimbus cloud in one binary.
+//
+//	nimbus serve [flags]   run a controller (identity, compute, image, network)
+//	nimbus version         print the version
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "bench":
+		err = bench(os.Args[2:])
+	case "version", "--version":
+		fmt.Println("nimbus", version)
+	case "help", "-h", "--help":
+		usage()
+	default:
+		fmt.Fprintf(os.Stderr, "nimbus: unknown command %q\n\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nimbus:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `Usage: nimbus <command> [flags]
+
+Commands:
+  serve     run a Nimbus controller with its local fleet
+  bench     measure a running or in-process Nimbus (see nimbus bench -h)
+  version   print the version
+
+Run "nimbus <command> -h" for the flags of a command.
+`)
+}

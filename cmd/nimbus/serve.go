@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"nimbus/internal/cloud"
+	"nimbus/internal/driver/fake"
+)
+
+func defaultDataDir() string {
+	if d := os.Getenv("NIMBUS_DATA_DIR"); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/lib/nimbus"
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "nimbus")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "share", "nimbus")
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	cfg := cloud.Config{Ports: cloud.DefaultPorts}
+	fs.StringVar(&cfg.DataDir, "data-dir", defaultDataDir(), "directory for the database, certificates and client files (env NIMBUS_DATA_DIR)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("NIMBUS_DATABASE_URL"), "postgres://… to use PostgreSQL; default SQLite in the data directory (env NIMBUS_DATABASE_URL)")
+	fs.StringVar(&cfg.Listen, "listen", "0.0.0.0", "address to listen on")
+	fs.StringVar(&cfg.PublicHost, "public-host", "", "host name clients use, put in the catalog and the certificate (default: the listen address, or localhost)")
+	fs.IntVar(&cfg.Ports.Identity, "identity-port", cfg.Ports.Identity, "identity (Keystone v3) port")
+	fs.IntVar(&cfg.Ports.Compute, "compute-port", cfg.Ports.Compute, "compute (Nova v2.1) port")
+	fs.IntVar(&cfg.Ports.Image, "image-port", cfg.Ports.Image, "image (Glance v2) port")
+	fs.IntVar(&cfg.Ports.Network, "network-port", cfg.Ports.Network, "network (Neutron v2.0) port")
+	fs.StringVar(&cfg.AdminPassword, "admin-password", os.Getenv("NIMBUS_ADMIN_PASSWORD"), "admin password on first start; default generated (env NIMBUS_ADMIN_PASSWORD)")
+	fs.StringVar(&cfg.DemoPassword, "demo-password", os.Getenv("NIMBUS_DEMO_PASSWORD"), "demo password on first start; default generated (env NIMBUS_DEMO_PASSWORD)")
+	fs.DurationVar(&cfg.TokenTTL, "token-ttl", time.Hour, "token lifetime")
+	fs.StringVar(&cfg.Driver, "driver", "fake", "hypervisor driver: fake")
+	fleetFile := fs.String("fleet", "", "JSON file describing the fake fleet's hosts (default: a demo fleet)")
+	fs.DurationVar(&cfg.FakeDelay, "fake-delay", 500*time.Millisecond, "how long the fake driver takes per step")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Parse(args)
+
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	slog.SetDefault(log)
+	cfg.Log = log
+	if *fleetFile != "" {
+		hosts, err := fake.LoadFleet(*fleetFile)
+		if err != nil {
+			return err
+		}
+		cfg.Fleet = hosts
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c, err := cloud.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Printf(`Nimbus is running.
+  identity  %s
+  compute   %s
+  image     %s
+  network   %s
+  CA file   %s
+  clouds    %s  (clouds nimbus-admin and nimbus-demo)
+
+Try:
+  export OS_CLIENT_CONFIG_FILE=%s
+  openstack --os-cloud nimbus-demo server list
+`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.CACertFile, c.CloudsFile, c.CloudsFile)
+	log.Info("nimbus started", "data_dir", cfg.DataDir, "identity", c.IdentityURL, "clouds_yaml", c.CloudsFile)
+	<-ctx.Done()
+	log.Info("nimbus stopping")
+	return c.Close()
+}

@@ -1,0 +1,129 @@
+package cloud
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"nimbus/internal/identity"
+)
+
+// Secrets are the generated credentials of the first accounts, kept in
+// DataDir/secrets.json (mode 0600) so that later starts can rewrite
+// clouds.yaml when addresses change.
+type Secrets struct {
+	AdminPassword string `json:"admin_password"`
+	DemoPassword  string `json:"demo_password"`
+}
+
+// The first accounts.
+const (
+	AdminUser    = "admin"
+	AdminProject = "admin"
+	DemoUser     = "demo"
+	DemoProject  = "demo"
+)
+
+func (c *Cloud) bootstrap(ctx context.Context) error {
+	path := filepath.Join(c.Config.DataDir, "secrets.json")
+	var sec Secrets
+	if b, err := os.ReadFile(path); err == nil {
+		if err := json.Unmarshal(b, &sec); err != nil {
+			return fmt.Errorf("cloud: %s: %w", path, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if sec.AdminPassword == "" {
+		sec.AdminPassword = firstNonEmpty(c.Config.AdminPassword, identity.GeneratePassword(20))
+	}
+	if sec.DemoPassword == "" {
+		sec.DemoPassword = firstNonEmpty(c.Config.DemoPassword, identity.GeneratePassword(20))
+	}
+	b, _ := json.MarshalIndent(sec, "", "  ")
+	if err := writePrivate(path, b); err != nil {
+		return err
+	}
+	c.Secrets = sec
+
+	if err := c.Identity.Bootstrap(ctx,
+		identity.Account{User: AdminUser, Password: sec.AdminPassword, Project: AdminProject, Role: "admin"},
+		identity.Account{User: DemoUser, Password: sec.DemoPassword, Project: DemoProject, Role: "member"},
+	); err != nil {
+		return fmt.Errorf("cloud: bootstrap identity: %w", err)
+	}
+	if err := c.Images.Bootstrap(ctx); err != nil {
+		return fmt.Errorf("cloud: bootstrap images: %w", err)
+	}
+	if err := c.Networks.Bootstrap(ctx); err != nil {
+		return fmt.Errorf("cloud: bootstrap networks: %w", err)
+	}
+	for _, name := range []string{AdminProject, DemoProject} {
+		p, err := c.Identity.ProjectByName(ctx, name)
+		if err != nil {
+			return err
+		}
+		if err := c.Networks.EnsureDefaults(ctx, p.ID); err != nil {
+			return fmt.Errorf("cloud: bootstrap network for %s: %w", name, err)
+		}
+	}
+	if err := c.Compute.Bootstrap(ctx); err != nil {
+		return fmt.Errorf("cloud: bootstrap compute: %w", err)
+	}
+	return c.writeClientFiles()
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// writeClientFiles writes clouds.yaml and one openrc per account, all 0600
+// since they hold passwords.
+func (c *Cloud) writeClientFiles() error {
+	ca, _ := filepath.Abs(c.CACertFile)
+	var y strings.Builder
+	y.WriteString("# Written by nimbus serve. Use with:\n#   OS_CLIENT_CONFIG_FILE=" + c.clientFile("clouds.yaml") +
+		" openstack --os-cloud nimbus-demo server list\nclouds:\n")
+	for _, a := range []struct{ cloud, user, pw, project string }{
+		{"nimbus-admin", AdminUser, c.Secrets.AdminPassword, AdminProject},
+		{"nimbus-demo", DemoUser, c.Secrets.DemoPassword, DemoProject},
+	} {
+		fmt.Fprintf(&y, "  %s:\n    auth:\n      auth_url: %s\n      username: %s\n      password: %q\n      project_name: %s\n"+
+			"      user_domain_name: Default\n      project_domain_name: Default\n    region_name: RegionOne\n"+
+			"    interface: public\n    identity_api_version: 3\n", a.cloud, c.IdentityURL, a.user, a.pw, a.project)
+		if !c.Config.PlainHTTP {
+			fmt.Fprintf(&y, "    cacert: %s\n", ca)
+		}
+		rc := fmt.Sprintf("export OS_AUTH_URL=%s\nexport OS_USERNAME=%s\nexport OS_PASSWORD='%s'\nexport OS_PROJECT_NAME=%s\n"+
+			"export OS_USER_DOMAIN_NAME=Default\nexport OS_PROJECT_DOMAIN_NAME=Default\nexport OS_REGION_NAME=RegionOne\n"+
+			"export OS_IDENTITY_API_VERSION=3\nexport OS_INTERFACE=public\n", c.IdentityURL, a.user, a.pw, a.project)
+		if !c.Config.PlainHTTP {
+			rc += "export OS_CACERT=" + ca + "\n"
+		}
+		if err := writePrivate(c.clientFile(a.user+"-openrc.sh"), []byte(rc)); err != nil {
+			return err
+		}
+	}
+	c.CloudsFile = c.clientFile("clouds.yaml")
+	return writePrivate(c.CloudsFile, []byte(y.String()))
+}
+
+func (c *Cloud) clientFile(name string) string {
+	p, _ := filepath.Abs(filepath.Join(c.Config.DataDir, name))
+	return p
+}
+
+func writePrivate(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

@@ -1,0 +1,317 @@
+// Package cloud assembles a whole Nimbus controller from its services: it
+// opens the store, makes the TLS certificate, bootstraps the first accounts,
+// builds identity, compute, image and network, and serves each on its own
+// HTTPS listener. cmd/nimbus and the end-to-end tests both start a cloud
+// through it.
+package cloud
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"nimbus/internal/api"
+	"nimbus/internal/compute"
+	"nimbus/internal/driver"
+	"nimbus/internal/driver/fake"
+	"nimbus/internal/identity"
+	"nimbus/internal/image"
+	"nimbus/internal/network"
+	"nimbus/internal/pki"
+	"nimbus/internal/store"
+)
+
+// Ports are the listening ports of the services; 0 picks a free port.
+type Ports struct {
+	Identity, Compute, Image, Network int
+}
+
+// DefaultPorts are the spec's and OpenStack's ports.
+var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696}
+
+// Config is what a controller needs to start.
+type Config struct {
+	DataDir     string
+	DatabaseURL string // default: SQLite file in DataDir
+	Listen      string // address to bind, default 0.0.0.0
+	PublicHost  string // host name put in catalog URLs; default from Listen
+	Ports       Ports
+	// AdminPassword and DemoPassword are used when the accounts are made
+	// on first start; empty means generate.
+	AdminPassword, DemoPassword string
+	TokenTTL                    time.Duration
+	// Driver is "fake" (the default). Fleet overrides the fake fleet; nil
+	// means fake.DefaultFleet. FakeDelay scales the fake driver's delays.
+	Driver    string
+	Fleet     []driver.Host
+	FakeDelay time.Duration
+	// PlainHTTP serves without TLS, for benchmarks that measure the API
+	// alone. Never the default.
+	PlainHTTP bool
+	Log       *slog.Logger
+}
+
+// Cloud is a running controller.
+type Cloud struct {
+	Config   Config
+	DB       *store.DB
+	Identity *identity.Service
+	Compute  *compute.Service
+	Images   *image.Service
+	Networks *network.Service
+	Driver   driver.Driver
+	// URLs of the services as put in the catalog.
+	IdentityURL, ComputeURL, ImageURL, NetworkURL string
+	// Files the operator needs.
+	CACertFile, CloudsFile string
+	Secrets             Secrets
+
+	servers []*http.Server
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// Start brings a controller up. It returns once every listener is bound.
+func Start(ctx context.Context, cfg Config) (*Cloud, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("cloud: no data directory")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "0.0.0.0"
+	}
+	if cfg.PublicHost == "" {
+		cfg.PublicHost = cfg.Listen
+		if ip := net.ParseIP(cfg.Listen); ip != nil && ip.IsUnspecified() {
+			cfg.PublicHost = "localhost"
+		}
+	}
+	if cfg.TokenTTL == 0 {
+		cfg.TokenTTL = time.Hour
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("cloud: data directory: %w", err)
+	}
+	if cfg.DatabaseURL == "" {
+		cfg.DatabaseURL = filepath.Join(cfg.DataDir, "nimbus.db")
+	}
+	c := &Cloud{Config: cfg}
+	ok := false
+	defer func() {
+		if !ok {
+			c.Close()
+		}
+	}()
+
+	db, err := store.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	c.DB = db
+
+	// Bind every listener first: with port 0 the catalog needs the ports
+	// the kernel chose.
+	lns := map[string]net.Listener{}
+	for _, p := range []struct {
+		name string
+		port int
+	}{{"identity", cfg.Ports.Identity}, {"compute", cfg.Ports.Compute}, {"image", cfg.Ports.Image}, {"network", cfg.Ports.Network}} {
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Listen, strconv.Itoa(p.port)))
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return nil, fmt.Errorf("cloud: %s listener: %w", p.name, err)
+		}
+		lns[p.name] = ln
+	}
+	scheme := "https"
+	if cfg.PlainHTTP {
+		scheme = "http"
+	}
+	url := func(name, path string) string {
+		port := lns[name].Addr().(*net.TCPAddr).Port
+		return scheme + "://" + net.JoinHostPort(cfg.PublicHost, strconv.Itoa(port)) + path
+	}
+	c.IdentityURL = url("identity", "/v3")
+	c.ComputeURL = url("compute", "/v2.1")
+	c.ImageURL = url("image", "")
+	c.NetworkURL = url("network", "")
+
+	var tlsCfg *tls.Config
+	files := pki.FilesIn(cfg.DataDir)
+	c.CACertFile = files.CACert
+	if !cfg.PlainHTTP {
+		cert, err := pki.Ensure(files, pki.DefaultHosts(cfg.Listen, cfg.PublicHost))
+		if err != nil {
+			closeAll(lns)
+			return nil, err
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+
+	// Services.
+	c.Identity = identity.New(db)
+	c.Identity.TokenTTL = cfg.TokenTTL
+	c.Identity.SetCatalog([]identity.CatalogService{
+		{Type: "identity", Name: "keystone", URL: c.IdentityURL},
+		{Type: "compute", Name: "nova", URL: c.ComputeURL},
+		{Type: "image", Name: "glance", URL: c.ImageURL},
+		{Type: "network", Name: "neutron", URL: c.NetworkURL},
+	})
+	c.Images = image.New(db, filepath.Join(cfg.DataDir, "images"))
+	c.Networks = network.New(db)
+	if c.Driver, err = newDriver(cfg); err != nil {
+		closeAll(lns)
+		return nil, err
+	}
+	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks,
+		Identity: c.Identity, Log: cfg.Log})
+
+	if err := c.bootstrap(ctx); err != nil {
+		closeAll(lns)
+		return nil, err
+	}
+
+	handlers := map[string]http.Handler{
+		"identity": service("identity", api.RenderKeystone, c.Identity, c.IdentityURL, c.Identity.Routes(), cfg.Log),
+		"compute":  c.Compute.API(c.Identity, authRoot(c.IdentityURL)),
+		"image":    service("image", api.RenderGlance, c.Identity, c.IdentityURL, c.Images.Routes(), cfg.Log),
+		"network":  service("network", api.RenderNeutron, c.Identity, c.IdentityURL, c.Networks.Routes(), cfg.Log),
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	for name, ln := range lns {
+		srv := &http.Server{
+			Handler:           withOps(handlers[name], c),
+			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       120 * time.Second,
+			ErrorLog:          slog.NewLogLogger(cfg.Log.Handler(), slog.LevelWarn),
+		}
+		c.servers = append(c.servers, srv)
+		c.wg.Add(1)
+		go func(ln net.Listener) {
+			defer c.wg.Done()
+			var err error
+			if tlsCfg != nil {
+				srv.TLSConfig = tlsCfg
+				err = srv.ServeTLS(ln, "", "")
+			} else {
+				err = srv.Serve(ln)
+			}
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				cfg.Log.Error("listener stopped", "service", name, "error", err)
+			}
+		}(ln)
+	}
+	c.wg.Add(2)
+	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
+	go func() { defer c.wg.Done(); c.housekeeping(runCtx) }()
+	ok = true
+	return c, nil
+}
+
+func closeAll(lns map[string]net.Listener) {
+	for _, l := range lns {
+		l.Close()
+	}
+}
+
+// authRoot is the identity URL without /v3, as keystonemiddleware puts it in
+// WWW-Authenticate.
+func authRoot(identityURL string) string {
+	if len(identityURL) > 3 && identityURL[len(identityURL)-3:] == "/v3" {
+		return identityURL[:len(identityURL)-3]
+	}
+	return identityURL
+}
+
+func service(name string, render api.ErrorRenderer, auth api.Authenticator, authURL string, routes []api.Route, log *slog.Logger) http.Handler {
+	s := api.NewService(name, render, auth)
+	s.AuthURL = authRoot(authURL)
+	s.Log = log
+	s.Handle(routes...)
+	return s
+}
+
+func newDriver(cfg Config) (driver.Driver, error) {
+	switch cfg.Driver {
+	case "", "fake":
+		fleet := cfg.Fleet
+		if fleet == nil {
+			fleet = fake.DefaultFleet()
+		}
+		return fake.New(fake.Config{Hosts: fleet, Delay: cfg.FakeDelay,
+			StateFile: filepath.Join(cfg.DataDir, "fake-fleet.json")})
+	}
+	return nil, fmt.Errorf("cloud: unknown driver %q (this build has: fake)", cfg.Driver)
+}
+
+// withOps serves the health and metrics endpoints on every listener.
+func withOps(h http.Handler, c *Cloud) http.Handler {
+	metrics := promhttp.Handler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/healthz":
+			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			defer cancel()
+			var one int
+			if err := c.DB.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+				api.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "database": err.Error()})
+				return
+			}
+			api.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+			return
+		case "/metrics":
+			metrics.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// housekeeping runs periodic jobs: purging expired tokens.
+func (c *Cloud) housekeeping(ctx context.Context) {
+	t := time.NewTicker(10 * time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := c.Identity.PurgeExpired(ctx); err != nil && ctx.Err() == nil {
+				c.Config.Log.Warn("token purge failed", "error", err)
+			}
+		}
+	}
+}
+
+// Close stops the listeners and loops and closes the store.
+func (c *Cloud) Close() error {
+	for _, s := range c.servers {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.Shutdown(ctx)
+		cancel()
+	}
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.wg.Wait()
+	if c.DB != nil {
+		return c.DB.Close()
+	}
+	return nil
+}

@@ -1,0 +1,102 @@
+// Package compute is Nimbus's Nova v2.1: servers and their state machine,
+// actions, flavors, key pairs, quotas, limits, usage, availability zones,
+// hypervisors and services, with Nova's microversions. Work that takes time
+// is written to the store as a task and carried out by the reconcile loop
+// through the hypervisor driver.
+package compute
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"nimbus/internal/api"
+	"nimbus/internal/driver"
+	"nimbus/internal/identity"
+	"nimbus/internal/image"
+	"nimbus/internal/network"
+	"nimbus/internal/store"
+)
+
+// Service is the compute service.
+type Service struct {
+	db       *store.DB
+	driver   driver.Driver
+	images   *image.Service
+	networks *network.Service
+	identity *identity.Service
+	log      *slog.Logger
+	now      func() time.Time
+}
+
+// Deps are the compute service's collaborators.
+type Deps struct {
+	DB       *store.DB
+	Driver   driver.Driver
+	Images   *image.Service
+	Networks *network.Service
+	Identity *identity.Service
+	Log      *slog.Logger
+}
+
+// New makes the compute service.
+func New(d Deps) *Service {
+	log := d.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Service{
+		db: d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, identity: d.Identity, log: log,
+		now: func() time.Time { return time.Now().UTC() },
+	}
+}
+
+// API builds the compute HTTP service.
+func (s *Service) API(auth api.Authenticator, authURL string) *api.Service {
+	a := api.NewService("compute", api.RenderNova, auth)
+	a.AuthURL = authURL
+	a.Log = s.log
+	a.Before = append(a.Before, before)
+	a.AfterAuth = append(a.AfterAuth, checkProjectInURL)
+	a.Decorate = decorate
+	a.Handle(s.Routes()...)
+	return a
+}
+
+// Routes is the compute API's route table.
+func (s *Service) Routes() []api.Route {
+	routes := []api.Route{
+		{Pattern: "GET /{$}", Handler: versions, Public: true},
+		{Pattern: "GET /v2.1", Handler: version, Public: true},
+		{Pattern: "GET /v2.1/{$}", Handler: version, Public: true},
+	}
+	routes = append(routes, s.serverRoutes()...)
+	routes = append(routes, s.resourceRoutes()...)
+	return routes
+}
+
+func versionDoc(r *http.Request) map[string]any {
+	return map[string]any{
+		"id": "v2.1", "status": "CURRENT", "version": MaxVersion.String(), "min_version": MinVersion.String(),
+		"updated": "2013-07-23T11:33:21Z",
+		"links": []map[string]string{
+			{"rel": "self", "href": api.BaseURL(r) + "/v2.1/"},
+			{"rel": "describedby", "type": "text/html", "href": "http://docs.openstack.org/"},
+		},
+		"media-types": []map[string]string{{"base": "application/json", "type": "application/vnd.openstack.compute+json;version=2.1"}},
+	}
+}
+
+// versions is GET /: 200 (Nova does not answer 300 here).
+func versions(r *http.Request) (*api.Response, error) {
+	return api.JSON(http.StatusOK, map[string]any{"versions": []any{
+		map[string]any{"id": "v2.0", "status": "SUPPORTED", "version": "", "min_version": "",
+			"updated": "2011-01-21T11:33:21Z", "links": []map[string]string{{"rel": "self", "href": api.BaseURL(r) + "/v2/"}}},
+		map[string]any{"id": "v2.1", "status": "CURRENT", "version": MaxVersion.String(), "min_version": MinVersion.String(),
+			"updated": "2013-07-23T11:33:21Z", "links": []map[string]string{{"rel": "self", "href": api.BaseURL(r) + "/v2.1/"}}},
+	}}), nil
+}
+
+func version(r *http.Request) (*api.Response, error) {
+	return api.JSON(http.StatusOK, map[string]any{"version": versionDoc(r)}), nil
+}

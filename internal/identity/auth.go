@@ -1,0 +1,383 @@
+package identity
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"time"
+
+	"nimbus/internal/api"
+	"nimbus/internal/store"
+)
+
+// Routes is the identity API's route table.
+func (s *Service) Routes() []api.Route {
+	routes := []api.Route{
+		{Pattern: "GET /{$}", Handler: s.versions, Public: true},
+		{Pattern: "GET /v3", Handler: s.version, Public: true},
+		{Pattern: "GET /v3/{$}", Handler: s.version, Public: true},
+		{Pattern: "POST /v3/auth/tokens", Handler: s.createToken, Public: true},
+		{Pattern: "GET /v3/auth/tokens", Handler: s.checkToken},
+		{Pattern: "HEAD /v3/auth/tokens", Handler: s.checkToken},
+		{Pattern: "DELETE /v3/auth/tokens", Handler: s.deleteToken},
+		{Pattern: "GET /v3/auth/catalog", Handler: s.getCatalog},
+		{Pattern: "GET /v3/auth/projects", Handler: s.authProjects},
+		{Pattern: "GET /v3/auth/domains", Handler: s.authDomains},
+	}
+	return append(routes, s.adminRoutes()...)
+}
+
+func (s *Service) versionBody(r *http.Request) map[string]any {
+	return map[string]any{
+		"id": "v3.14", "status": "stable", "updated": "2020-04-07T00:00:00Z",
+		"links": []map[string]string{{"rel": "self", "href": api.BaseURL(r) + "/v3/"}},
+		"media-types": []map[string]string{{"base": "application/json",
+			"type": "application/vnd.openstack.identity-v3+json"}},
+	}
+}
+
+// versions answers GET / with 300 Multiple Choices, as Keystone does.
+func (s *Service) versions(r *http.Request) (*api.Response, error) {
+	return api.JSON(http.StatusMultipleChoices, map[string]any{
+		"versions": map[string]any{"values": []any{s.versionBody(r)}},
+	}).WithHeader("Location", api.BaseURL(r)+"/v3/"), nil
+}
+
+func (s *Service) version(r *http.Request) (*api.Response, error) {
+	return api.JSON(http.StatusOK, map[string]any{"version": s.versionBody(r)}), nil
+}
+
+// authRequest is the body of POST /v3/auth/tokens.
+type authRequest struct {
+	Auth struct {
+		Identity struct {
+			Methods  []string `json:"methods"`
+			Password *struct {
+				User struct {
+					ID       string     `json:"id"`
+					Name     string     `json:"name"`
+					Password string     `json:"password"`
+					Domain   *domainRef `json:"domain"`
+				} `json:"user"`
+			} `json:"password"`
+			Token *struct {
+				ID string `json:"id"`
+			} `json:"token"`
+		} `json:"identity"`
+		Scope json.RawMessage `json:"scope"`
+	} `json:"auth"`
+}
+
+type domainRef struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+type scopeRequest struct {
+	Project *struct {
+		ID     string     `json:"id"`
+		Name   string     `json:"name"`
+		Domain *domainRef `json:"domain"`
+	} `json:"project"`
+	Domain *domainRef `json:"domain"`
+	System any        `json:"system"`
+}
+
+func (s *Service) createToken(r *http.Request) (*api.Response, error) {
+	var req authRequest
+	if err := api.DecodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	ctx := r.Context()
+	id := req.Auth.Identity
+	if len(id.Methods) == 0 {
+		return nil, api.BadRequest("Expecting to find identity in auth. The server could not comply with the request since it is either malformed or otherwise incorrect. The client is assumed to be in error.")
+	}
+	var (
+		user     *User
+		auditID  string
+		expires  time.Time
+		inherit  string // project of the token being re-scoped
+		hasScope = len(req.Auth.Scope) > 0 && string(req.Auth.Scope) != "null"
+	)
+	switch {
+	case slices.Contains(id.Methods, "password"):
+		if id.Password == nil {
+			return nil, api.BadRequest("Expecting to find password in identity.")
+		}
+		pu := id.Password.User
+		var err error
+		switch {
+		case pu.ID != "":
+			user, err = GetUser(ctx, s.db, pu.ID)
+		case pu.Name != "":
+			var d *Domain
+			d, err = s.resolveDomain(r, pu.Domain)
+			if err == nil {
+				user, err = getUserByName(ctx, s.db, d.ID, pu.Name)
+			}
+		default:
+			return nil, api.BadRequest("Expecting to find id or name in user.")
+		}
+		if err != nil && !errors.Is(err, store.ErrNotFound) && !isAPIError(err) {
+			return nil, err
+		}
+		if err != nil || user == nil || !user.Enabled || !CheckPassword(user.PasswordHash, pu.Password) {
+			return nil, api.Unauthorized()
+		}
+	case slices.Contains(id.Methods, "token"):
+		if id.Token == nil || id.Token.ID == "" {
+			return nil, api.BadRequest("Expecting to find token in identity.")
+		}
+		old, err := s.load(ctx, id.Token.ID)
+		if err != nil {
+			if errors.Is(err, errTokenNotFound) {
+				return nil, api.Unauthorized()
+			}
+			return nil, err
+		}
+		// A re-scoped token keeps the original's audit chain and expiry.
+		user, auditID, expires, inherit = old.User, old.AuditID, old.ExpiresAt, old.ProjectID
+	default:
+		return nil, api.Unauthorized()
+	}
+
+	projectID := ""
+	if hasScope {
+		var scope scopeRequest
+		if err := api.Unmarshal(req.Auth.Scope, &scope); err != nil {
+			return nil, err
+		}
+		switch {
+		case scope.Project != nil:
+			p, err := s.resolveProject(r, scope.Project.ID, scope.Project.Name, scope.Project.Domain)
+			if err != nil {
+				return nil, err
+			}
+			projectID = p.ID
+		default:
+			// Domain and system scope are not offered: Nimbus authorises
+			// by project roles only.
+			return nil, api.Unauthorized()
+		}
+	} else if inherit != "" {
+		projectID = inherit
+	} else if user.DefaultProjectID != "" {
+		// Keystone scopes a token without scope to the default project when
+		// the user has a role on it.
+		if roles, err := rolesOn(ctx, s.db, user.ID, user.DefaultProjectID); err == nil && len(roles) > 0 {
+			projectID = user.DefaultProjectID
+		}
+	}
+	if projectID != "" {
+		p, err := GetProject(ctx, s.db, projectID)
+		if err != nil || !p.Enabled {
+			return nil, api.Unauthorized()
+		}
+		roles, err := rolesOn(ctx, s.db, user.ID, projectID)
+		if err != nil {
+			return nil, err
+		}
+		if len(roles) == 0 {
+			return nil, api.Unauthorized()
+		}
+	}
+	methods := id.Methods
+	t, err := s.issue(ctx, user.ID, projectID, methods, auditID, expires)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.load(ctx, t.ID)
+	if err != nil {
+		return nil, err
+	}
+	_, nocatalog := r.URL.Query()["nocatalog"]
+	return api.JSON(http.StatusCreated, s.tokenBody(info, !nocatalog)).
+		WithHeader("X-Subject-Token", t.ID).WithHeader("Vary", "X-Auth-Token"), nil
+}
+
+func isAPIError(err error) bool {
+	var e *api.Error
+	return errors.As(err, &e)
+}
+
+func (s *Service) resolveDomain(r *http.Request, ref *domainRef) (*Domain, error) {
+	if ref == nil {
+		return nil, api.BadRequest("Expecting to find domain in user.")
+	}
+	var (
+		d   *Domain
+		err error
+	)
+	switch {
+	case ref.ID != "":
+		d, err = getDomain(r.Context(), s.db, "id = ?", ref.ID)
+	case ref.Name != "":
+		d, err = getDomain(r.Context(), s.db, "name = ?", ref.Name)
+	default:
+		return nil, api.BadRequest("Expecting to find id or name in domain.")
+	}
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !d.Enabled) {
+		return nil, api.Unauthorized()
+	}
+	return d, err
+}
+
+func (s *Service) resolveProject(r *http.Request, id, name string, domain *domainRef) (*Project, error) {
+	var (
+		p   *Project
+		err error
+	)
+	if id != "" {
+		p, err = GetProject(r.Context(), s.db, id)
+	} else if name != "" {
+		if domain == nil {
+			return nil, api.BadRequest("Expecting to find domain in project.")
+		}
+		d, derr := s.resolveDomain(r, domain)
+		if derr != nil {
+			return nil, derr
+		}
+		p, err = getProjectByName(r.Context(), s.db, d.ID, name)
+	} else {
+		return nil, api.BadRequest("Expecting to find id or name in project.")
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, api.Unauthorized()
+	}
+	return p, err
+}
+
+// keystoneTime is Keystone's token time format: six zeroed fraction digits.
+func keystoneTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05") + ".000000Z" }
+
+func (s *Service) tokenBody(t *tokenInfo, withCatalog bool) map[string]any {
+	tok := map[string]any{
+		"methods": t.Methods,
+		"user": map[string]any{
+			"id": t.User.ID, "name": t.User.Name, "password_expires_at": nil,
+			"domain": map[string]any{"id": t.Domain.ID, "name": t.Domain.Name},
+		},
+		"audit_ids":  []string{t.AuditID},
+		"expires_at": keystoneTime(t.ExpiresAt),
+		"issued_at":  keystoneTime(t.IssuedAt),
+	}
+	if t.Project != nil {
+		tok["project"] = map[string]any{
+			"id": t.Project.ID, "name": t.Project.Name,
+			"domain": map[string]any{"id": t.PDomain.ID, "name": t.PDomain.Name},
+		}
+		tok["is_domain"] = false
+		roles := make([]map[string]string, 0, len(t.Roles))
+		for _, r := range t.Roles {
+			roles = append(roles, map[string]string{"id": r.ID, "name": r.Name})
+		}
+		tok["roles"] = roles
+		if withCatalog {
+			tok["catalog"] = s.catalogBody()
+		}
+	}
+	return map[string]any{"token": tok}
+}
+
+// subject loads the token named by X-Subject-Token; an unknown or expired
+// one is Keystone's 404.
+func (s *Service) subject(r *http.Request) (*tokenInfo, error) {
+	id := r.Header.Get("X-Subject-Token")
+	if id == "" {
+		return nil, api.NotFound("Could not find token: .")
+	}
+	t, err := s.load(r.Context(), id)
+	if errors.Is(err, errTokenNotFound) {
+		return nil, api.NotFound("Could not recognize token: %s", truncate(id, 8))
+	}
+	if err != nil {
+		return nil, err
+	}
+	// A user may check its own tokens; checking others' needs admin.
+	if c := api.CallerFrom(r.Context()); c.UserID != t.UserID && !c.IsAdmin() {
+		return nil, api.PolicyForbidden("identity:validate_token")
+	}
+	return t, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+func (s *Service) checkToken(r *http.Request) (*api.Response, error) {
+	t, err := s.subject(r)
+	if err != nil {
+		return nil, err
+	}
+	if r.Method == http.MethodHead {
+		return api.Empty(http.StatusOK).WithHeader("X-Subject-Token", t.ID), nil
+	}
+	_, nocatalog := r.URL.Query()["nocatalog"]
+	return api.JSON(http.StatusOK, s.tokenBody(t, !nocatalog)).
+		WithHeader("X-Subject-Token", t.ID).WithHeader("Vary", "X-Auth-Token"), nil
+}
+
+func (s *Service) deleteToken(r *http.Request) (*api.Response, error) {
+	t, err := s.subject(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.revoke(r.Context(), t.ID); err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusNoContent), nil
+}
+
+func (s *Service) getCatalog(r *http.Request) (*api.Response, error) {
+	return api.JSON(http.StatusOK, map[string]any{
+		"catalog": s.catalogBody(),
+		"links":   map[string]any{"self": api.BaseURL(r) + "/v3/auth/catalog", "previous": nil, "next": nil},
+	}), nil
+}
+
+func (s *Service) authProjects(r *http.Request) (*api.Response, error) {
+	c := api.CallerFrom(r.Context())
+	ps, err := listProjects(r.Context(), s.db,
+		"id IN (SELECT project_id FROM role_assignments WHERE user_id = ?) AND enabled = 1", c.UserID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]map[string]any, 0, len(ps))
+	for i := range ps {
+		out = append(out, projectBody(r, &ps[i]))
+	}
+	return api.JSON(http.StatusOK, map[string]any{"projects": out, "links": listLinks(r, "/v3/auth/projects")}), nil
+}
+
+func (s *Service) authDomains(r *http.Request) (*api.Response, error) {
+	c := api.CallerFrom(r.Context())
+	d, err := getDomain(r.Context(), s.db, "id = ?", c.DomainID)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"domains": []any{domainBody(r, d)}, "links": listLinks(r, "/v3/auth/domains")}), nil
+}
+
+func listLinks(r *http.Request, path string) map[string]any {
+	return map[string]any{"self": api.BaseURL(r) + path, "previous": nil, "next": nil}
+}
+
+func projectBody(r *http.Request, p *Project) map[string]any {
+	return map[string]any{
+		"id": p.ID, "name": p.Name, "domain_id": p.DomainID, "description": p.Description,
+		"enabled": p.Enabled, "is_domain": false, "parent_id": p.DomainID, "tags": p.Tags, "options": map[string]any{},
+		"links": map[string]string{"self": api.BaseURL(r) + "/v3/projects/" + p.ID},
+	}
+}
+
+func domainBody(r *http.Request, d *Domain) map[string]any {
+	return map[string]any{
+		"id": d.ID, "name": d.Name, "description": d.Description, "enabled": d.Enabled, "tags": []string{}, "options": map[string]any{},
+		"links": map[string]string{"self": api.BaseURL(r) + "/v3/domains/" + d.ID},
+	}
+}

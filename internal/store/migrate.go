@@ -1,0 +1,94 @@
+package store
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Migrations are plain SQL files named NNNN_name.sql, written in the subset of
+// SQL that SQLite and PostgreSQL share (TEXT, BIGINT, INTEGER, no
+// engine-specific defaults). A file may hold several statements separated by
+// a line holding only "-- next".
+//
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// migrationLock is the PostgreSQL advisory lock key that serialises
+// migrations when several controllers start on one database at once.
+const migrationLock = 7_316_284_201
+
+func (db *DB) migrate(ctx context.Context) error {
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+
+	conn, err := db.sql.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	defer conn.Close()
+	if db.dialect == Postgres {
+		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", migrationLock); err != nil {
+			return fmt.Errorf("store: migrate lock: %w", err)
+		}
+		defer conn.ExecContext(context.Background(), "SELECT pg_advisory_unlock($1)", migrationLock) //nolint:errcheck
+	}
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)`); err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	applied := map[string]bool{}
+	rows, err := conn.QueryContext(ctx, "SELECT name FROM schema_migrations")
+	if err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			rows.Close()
+			return err
+		}
+		applied[n] = true
+	}
+	rows.Close()
+
+	for _, path := range names {
+		name := strings.TrimSuffix(strings.TrimPrefix(path, "migrations/"), ".sql")
+		if applied[name] {
+			continue
+		}
+		body, err := migrations.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		for _, stmt := range strings.Split(string(body), "\n-- next\n") {
+			if strings.TrimSpace(stmt) == "" {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				tx.Rollback()
+				return fmt.Errorf("store: migration %s: %w", name, err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, rebind(db.dialect, "INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)"),
+			name, time.Now().UTC().Format(time.RFC3339)); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("store: migration %s: %w", name, err)
+		}
+	}
+	return nil
+}

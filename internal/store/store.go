@@ -1,0 +1,249 @@
+// Package store is Nimbus's SQL repository layer: one database handle over SQLite
+// (the embedded default) or PostgreSQL, embedded migrations, and transactions.
+//
+// Every service keeps its state in tables created by the migrations in this
+// package and changes it only inside DB.Tx, so a state change is all or nothing.
+// Queries are written once with '?' placeholders; Rebind turns them into
+// PostgreSQL's $n form.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	_ "modernc.org/sqlite"             // registers the "sqlite" database/sql driver
+)
+
+// Dialect names the SQL engine behind a DB.
+type Dialect string
+
+// The engines Nimbus runs on.
+const (
+	SQLite   Dialect = "sqlite"
+	Postgres Dialect = "postgres"
+)
+
+// ErrNotFound is returned when a row asked for by key does not exist.
+var ErrNotFound = errors.New("not found")
+
+// ErrConflict is returned when a write would break a uniqueness rule.
+var ErrConflict = errors.New("conflict")
+
+// DB is a handle on the Nimbus database.
+type DB struct {
+	sql     *sql.DB
+	dialect Dialect
+}
+
+// Open connects to the database named by url and runs the migrations.
+// An url starting with postgres:// or postgresql:// selects PostgreSQL; anything
+// else is a path to an SQLite file (an optional sqlite:// prefix is removed).
+func Open(ctx context.Context, url string) (*DB, error) {
+	db, err := open(url)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+func open(url string) (*DB, error) {
+	if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
+		sqldb, err := sql.Open("pgx", url)
+		if err != nil {
+			return nil, fmt.Errorf("store: open postgres: %w", err)
+		}
+		sqldb.SetMaxOpenConns(32)
+		sqldb.SetMaxIdleConns(32)
+		sqldb.SetConnMaxIdleTime(5 * time.Minute)
+		return &DB{sql: sqldb, dialect: Postgres}, nil
+	}
+	path := strings.TrimPrefix(url, "sqlite://")
+	if path == "" {
+		return nil, errors.New("store: empty database path")
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	// WAL lets readers run beside the one writer; _txlock=immediate takes the
+	// write lock at BEGIN so two writers queue on busy_timeout instead of
+	// failing half-way with SQLITE_BUSY on lock upgrade.
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)" +
+		"&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	sqldb, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store: open sqlite: %w", err)
+	}
+	sqldb.SetMaxOpenConns(8)
+	sqldb.SetMaxIdleConns(8)
+	if err := sqldb.Ping(); err != nil {
+		sqldb.Close()
+		return nil, fmt.Errorf("store: open sqlite %s: %w", path, err)
+	}
+	// Keep the file private: it holds password hashes and customer data.
+	_ = os.Chmod(path, 0o600)
+	return &DB{sql: sqldb, dialect: SQLite}, nil
+}
+
+// Close closes the database.
+func (db *DB) Close() error { return db.sql.Close() }
+
+// Dialect tells which engine the handle is on.
+func (db *DB) Dialect() Dialect { return db.dialect }
+
+// Rebind rewrites '?' placeholders into the engine's form.
+func (db *DB) Rebind(q string) string { return rebind(db.dialect, q) }
+
+func rebind(d Dialect, q string) string {
+	if d != Postgres || !strings.Contains(q, "?") {
+		return q
+	}
+	var b strings.Builder
+	b.Grow(len(q) + 8)
+	n := 0
+	inStr := false
+	for i := 0; i < len(q); i++ {
+		c := q[i]
+		switch {
+		case c == '\'':
+			inStr = !inStr
+			b.WriteByte(c)
+		case c == '?' && !inStr:
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// Querier is what both a DB and a Tx offer for reading and writing.
+type Querier interface {
+	Exec(ctx context.Context, q string, args ...any) (sql.Result, error)
+	Query(ctx context.Context, q string, args ...any) (*sql.Rows, error)
+	QueryRow(ctx context.Context, q string, args ...any) *sql.Row
+	Dialect() Dialect
+}
+
+// Exec runs a statement outside any transaction.
+func (db *DB) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	res, err := db.sql.ExecContext(ctx, db.Rebind(q), args...)
+	return res, classify(err)
+}
+
+// Query runs a query outside any transaction.
+func (db *DB) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	return db.sql.QueryContext(ctx, db.Rebind(q), args...)
+}
+
+// QueryRow runs a query that returns at most one row.
+func (db *DB) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	return db.sql.QueryRowContext(ctx, db.Rebind(q), args...)
+}
+
+// Tx is one open transaction.
+type Tx struct {
+	tx      *sql.Tx
+	dialect Dialect
+	after   []func()
+}
+
+// Dialect tells which engine the transaction is on.
+func (tx *Tx) Dialect() Dialect { return tx.dialect }
+
+// Exec runs a statement in the transaction.
+func (tx *Tx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	res, err := tx.tx.ExecContext(ctx, rebind(tx.dialect, q), args...)
+	return res, classify(err)
+}
+
+// Query runs a query in the transaction.
+func (tx *Tx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	return tx.tx.QueryContext(ctx, rebind(tx.dialect, q), args...)
+}
+
+// QueryRow runs a query that returns at most one row in the transaction.
+func (tx *Tx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	return tx.tx.QueryRowContext(ctx, rebind(tx.dialect, q), args...)
+}
+
+// AfterCommit registers f to run once the transaction has committed, for work
+// such as waking a reconcile loop that must not see uncommitted state.
+func (tx *Tx) AfterCommit(f func()) { tx.after = append(tx.after, f) }
+
+// Tx runs f in one transaction: committed when f returns nil, rolled back
+// otherwise. Serialization failures on PostgreSQL are retried a few times.
+func (db *DB) Tx(ctx context.Context, f func(tx *Tx) error) error {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		err = db.tx(ctx, f)
+		if !isRetryable(err) {
+			return err
+		}
+		time.Sleep(time.Duration(attempt+1) * 5 * time.Millisecond)
+	}
+	return err
+}
+
+func (db *DB) tx(ctx context.Context, f func(tx *Tx) error) (err error) {
+	sqltx, err := db.sql.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: begin: %w", err)
+	}
+	tx := &Tx{tx: sqltx, dialect: db.dialect}
+	defer func() {
+		if p := recover(); p != nil {
+			_ = sqltx.Rollback()
+			panic(p)
+		}
+	}()
+	if err := f(tx); err != nil {
+		_ = sqltx.Rollback()
+		return err
+	}
+	if err := sqltx.Commit(); err != nil {
+		return classify(err)
+	}
+	for _, a := range tx.after {
+		a()
+	}
+	return nil
+}
+
+// classify maps engine errors onto the package's sentinels.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "UNIQUE constraint failed") || strings.Contains(msg, "SQLSTATE 23505") ||
+		strings.Contains(msg, "duplicate key value") {
+		return fmt.Errorf("%w: %v", ErrConflict, err)
+	}
+	return err
+}
+
+func isRetryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "SQLSTATE 40001") || strings.Contains(msg, "SQLSTATE 40P01") ||
+		strings.Contains(msg, "database is locked") || strings.Contains(msg, "SQLITE_BUSY")
+}
+
+// IsNoRows reports whether err means an empty result.
+func IsNoRows(err error) bool { return errors.Is(err, sql.ErrNoRows) }
