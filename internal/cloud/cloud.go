@@ -75,7 +75,7 @@ type Cloud struct {
 	IdentityURL, ComputeURL, ImageURL, NetworkURL string
 	// Files the operator needs.
 	CACertFile, CloudsFile string
-	Secrets             Secrets
+	Secrets                Secrets
 
 	servers []*http.Server
 	cancel  context.CancelFunc

@@ -1,0 +1,47 @@
+package cloud_test
+
+import (
+	"net/http"
+	"os"
+	"testing"
+
+	"nimbus/internal/cloud"
+	"nimbus/internal/testenv"
+)
+
+// TestFirstStartAndRestart checks what the first start leaves in the data
+// directory and that a second start on it keeps the accounts.
+func TestFirstStartAndRestart(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		c := testenv.StartCloud(t, dbURL)
+		for _, f := range []string{c.CACertFile, c.CloudsFile} {
+			if _, err := os.Stat(f); err != nil {
+				t.Fatalf("missing %s: %v", f, err)
+			}
+		}
+		for _, f := range []string{c.CloudsFile, c.Config.DataDir + "/secrets.json", c.Config.DataDir + "/demo-openrc.sh"} {
+			st, err := os.Stat(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Mode().Perm() != 0o600 {
+				t.Errorf("%s has mode %v, want 0600", f, st.Mode().Perm())
+			}
+		}
+		tok := testenv.Token(t, c, cloud.DemoUser)
+		client := testenv.HTTPClient(t, c)
+		resp, body := testenv.Do(t, client, "GET", c.IdentityURL+"/auth/tokens", tok, "", "X-Subject-Token", tok)
+		testenv.MustStatus(t, resp, body, http.StatusOK)
+
+		cfg := c.Config
+		c.Close()
+		cfg.AdminPassword, cfg.DemoPassword = "", ""
+		c2 := testenv.StartCloud(t, dbURL, func(nc *cloud.Config) { nc.DataDir = cfg.DataDir })
+		if c2.Secrets != c.Secrets {
+			t.Fatalf("secrets changed across restart")
+		}
+		// The token issued before the restart is still valid.
+		resp, body = testenv.Do(t, testenv.HTTPClient(t, c2), "GET", c2.IdentityURL+"/auth/tokens", tok, "", "X-Subject-Token", tok)
+		testenv.MustStatus(t, resp, body, http.StatusOK)
+	})
+}

@@ -1,0 +1,236 @@
+// Package testenv starts real Nimbus clouds for tests: on a fresh SQLite file
+// and on a fresh PostgreSQL database, over HTTPS on loopback ports, with
+// clients that trust the cloud's CA.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
+
+	"nimbus/internal/cloud"
+)
+
+// Engine is one database to run a test on.
+type Engine struct {
+	Name string // "sqlite" or "postgres"
+	URL  string
+}
+
+// PostgresAdminURL is the PostgreSQL server tests make their databases on.
+func PostgresAdminURL() string {
+	if u := os.Getenv("NIMBUS_TEST_POSTGRES"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// Engines returns a fresh SQLite database and, when PostgreSQL is reachable,
+// a fresh PostgreSQL database, both removed when the test ends. With
+// NIMBUS_REQUIRE_POSTGRES=1 (as .ci/run sets) an unreachable PostgreSQL fails
+// the test; otherwise PostgreSQL is skipped with a message.
+func Engines(t testing.TB) []Engine {
+	t.Helper()
+	out := []Engine{{Name: "sqlite", URL: filepath.Join(t.TempDir(), "nimbus.db")}}
+	if u, err := FreshPostgres(t); err == nil {
+		out = append(out, Engine{Name: "postgres", URL: u})
+	} else if os.Getenv("NIMBUS_REQUIRE_POSTGRES") == "1" {
+		t.Fatalf("PostgreSQL is required (NIMBUS_REQUIRE_POSTGRES=1) but not usable: %v", err)
+	} else {
+		t.Logf("skipping PostgreSQL: %v", err)
+	}
+	return out
+}
+
+// ForEachEngine runs f as a subtest on every engine.
+func ForEachEngine(t *testing.T, f func(t *testing.T, dbURL string)) {
+	for _, e := range Engines(t) {
+		t.Run(e.Name, func(t *testing.T) { f(t, e.URL) })
+	}
+}
+
+// FreshPostgres creates an empty PostgreSQL database for the test and drops
+// it when the test ends.
+func FreshPostgres(t testing.TB) (string, error) {
+	admin := PostgresAdminURL()
+	db, err := sql.Open("pgx", admin)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return "", err
+	}
+	b := make([]byte, 6)
+	rand.Read(b)
+	name := "nimbus_t_" + hex.EncodeToString(b)
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		db.Close()
+		return "", err
+	}
+	t.Cleanup(func() {
+		db.Exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)")
+		db.Close()
+	})
+	i := strings.LastIndex(admin, "/")
+	q := ""
+	if j := strings.Index(admin[i:], "?"); j >= 0 {
+		q = admin[i+j:]
+	}
+	return admin[:i] + "/" + name + q, nil
+}
+
+// Options change how StartCloud starts a cloud.
+type Options func(*cloud.Config)
+
+// StartCloud starts a cloud on loopback with free ports, the fake driver at
+// a short delay and the given database ("" for SQLite in the test's data
+// directory). It is closed when the test ends.
+func StartCloud(t testing.TB, dbURL string, opts ...Options) *cloud.Cloud {
+	t.Helper()
+	cfg := cloud.Config{
+		DataDir: t.TempDir(), DatabaseURL: dbURL, Listen: "127.0.0.1",
+		AdminPassword: "admin-secret", DemoPassword: "demo-secret",
+		FakeDelay: 20 * time.Millisecond,
+		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if os.Getenv("NIMBUS_TEST_LOG") != "" {
+		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := cloud.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("start cloud: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// HTTPClient returns a client that trusts the cloud's CA.
+func HTTPClient(t testing.TB, c *cloud.Cloud) *http.Client {
+	t.Helper()
+	pem, err := os.ReadFile(c.CACertFile)
+	if err != nil {
+		t.Fatalf("read CA: %v", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	return &http.Client{
+		Timeout:   30 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 16},
+	}
+}
+
+// Provider authenticates with gophercloud as user (cloud.AdminUser or
+// cloud.DemoUser) on its own project.
+func Provider(t testing.TB, c *cloud.Cloud, user string) *gophercloud.ProviderClient {
+	t.Helper()
+	pw, project := c.Secrets.DemoPassword, cloud.DemoProject
+	if user == cloud.AdminUser {
+		pw, project = c.Secrets.AdminPassword, cloud.AdminProject
+	}
+	return ProviderAs(t, c, user, pw, project)
+}
+
+// ProviderAs authenticates with gophercloud with the given credentials.
+func ProviderAs(t testing.TB, c *cloud.Cloud, user, password, project string) *gophercloud.ProviderClient {
+	t.Helper()
+	pc, err := openstack.NewClient(c.IdentityURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.HTTPClient = *HTTPClient(t, c)
+	err = openstack.Authenticate(context.Background(), pc, gophercloud.AuthOptions{
+		IdentityEndpoint: c.IdentityURL, Username: user, Password: password,
+		DomainID: "default", TenantName: project, AllowReauth: true,
+	})
+	if err != nil {
+		t.Fatalf("authenticate %s: %v", user, err)
+	}
+	return pc
+}
+
+// Compute returns a compute client at microversion mv ("" for 2.1).
+func Compute(t testing.TB, pc *gophercloud.ProviderClient, mv string) *gophercloud.ServiceClient {
+	t.Helper()
+	sc, err := openstack.NewComputeV2(pc, gophercloud.EndpointOpts{Region: "RegionOne"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Microversion = mv
+	return sc
+}
+
+// Token returns a raw token for user, for tests that speak HTTP directly.
+func Token(t testing.TB, c *cloud.Cloud, user string) string {
+	t.Helper()
+	pw, project := c.Secrets.DemoPassword, cloud.DemoProject
+	if user == cloud.AdminUser {
+		pw, project = c.Secrets.AdminPassword, cloud.AdminProject
+	}
+	tok, err := c.Identity.Issue(context.Background(), user, pw, project)
+	if err != nil {
+		t.Fatalf("token for %s: %v", user, err)
+	}
+	return tok
+}
+
+// Do sends a request with a token and JSON body and returns the response
+// with its body read.
+func Do(t testing.TB, client *http.Client, method, url, token string, body string, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("X-Auth-Token", token)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// MustStatus fails the test when resp's status is not want.
+func MustStatus(t testing.TB, resp *http.Response, body string, want int) {
+	t.Helper()
+	if resp.StatusCode != want {
+		t.Fatalf("%s %s: status %d, want %d; body: %s", resp.Request.Method, resp.Request.URL, resp.StatusCode, want, body)
+	}
+}
+
+// Sprintf is fmt.Sprintf, for building JSON bodies in tests.
+func Sprintf(format string, a ...any) string { return fmt.Sprintf(format, a...) }
