@@ -1,5 +1,445 @@
 package main
 
-import "errors"
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
-func bench(args []string) error { return errors.New("bench: not built yet") }
+	"nimbus/internal/cloud"
+	"nimbus/internal/driver"
+)
+
+// bench is Nimbus's own load command. It starts a cloud in this process (on
+// loopback, HTTPS, fake driver without delays, a fresh data directory) and
+// measures the hot paths the control plane promises, printing one line per
+// figure. Every loop is bounded in count and time.
+func bench(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	dbURL := fs.String("database-url", "", "database to run on (default: SQLite in a temporary directory)")
+	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss")
+	duration := fs.Duration("duration", 5*time.Second, "how long the token scenario runs")
+	workers := fs.Int("workers", 16, "concurrent clients")
+	creates := fs.Int("creates", 2000, "servers created in the create scenario")
+	listSize := fs.Int("servers", 10000, "servers in the store for the detail scenario")
+	fs.Parse(args)
+	want := map[string]bool{}
+	for _, s := range strings.Split(*only, ",") {
+		want[strings.TrimSpace(s)] = true
+	}
+
+	if want["rss"] {
+		if err := benchIdleRSS(); err != nil {
+			return err
+		}
+	}
+	if !want["tokens"] && !want["create"] && !want["detail"] {
+		return nil
+	}
+
+	dir, err := os.MkdirTemp("", "nimbus-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	// A fleet big enough that placement never limits the figures.
+	var fleet []driver.Host
+	for i := range 200 {
+		fleet = append(fleet, driver.Host{Name: fmt.Sprintf("bench-%03d", i), VCPUs: 1024, MemoryMB: 4 << 20,
+			DiskGB: 1 << 20, Zone: "nova", Hypervisor: "fake", Up: true})
+	}
+	c, err := cloud.Start(context.Background(), cloud.Config{
+		DataDir: dir, DatabaseURL: *dbURL, Listen: "127.0.0.1", Fleet: fleet,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	b, err := newBenchClient(c, *workers)
+	if err != nil {
+		return err
+	}
+	if want["tokens"] {
+		if err := b.tokens(*duration, *workers); err != nil {
+			return err
+		}
+	}
+	if want["create"] || want["detail"] {
+		if err := b.unlimitedQuota(); err != nil {
+			return err
+		}
+	}
+	if want["create"] {
+		if err := b.createToActive(*creates, *workers); err != nil {
+			return err
+		}
+	}
+	if want["detail"] {
+		if err := b.detail(*listSize); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type benchClient struct {
+	c      *cloud.Cloud
+	http   *http.Client
+	token  string
+	admin  string
+	flavor string
+	image  string
+	net    string
+}
+
+func newBenchClient(c *cloud.Cloud, workers int) (*benchClient, error) {
+	pem, err := os.ReadFile(c.CACertFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	hc := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: workers * 2, ForceAttemptHTTP2: false,
+	}}
+	b := &benchClient{c: c, http: hc}
+	ctx := context.Background()
+	if b.admin, err = c.Identity.Issue(ctx, cloud.AdminUser, c.Secrets.AdminPassword, cloud.AdminProject); err != nil {
+		return nil, err
+	}
+	b.token = b.admin
+	return b, nil
+}
+
+func (b *benchClient) do(method, url, token string, body any, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		buf, _ := json.Marshal(body)
+		rd = bytes.NewReader(buf)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("X-Auth-Token", token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("OpenStack-API-Version", "compute 2.79")
+	resp, err := b.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 400 {
+		return resp.StatusCode, fmt.Errorf("%s %s: %d %s", method, url, resp.StatusCode, data)
+	}
+	if out != nil && len(data) > 0 {
+		return resp.StatusCode, json.Unmarshal(data, out)
+	}
+	return resp.StatusCode, nil
+}
+
+// tokens measures token validation: authenticated requests whose only work
+// is validating the caller's token (GET /v3/auth/tokens with the caller's own
+// token as subject), from several keep-alive HTTPS clients.
+func (b *benchClient) tokens(d time.Duration, workers int) error {
+	// Issue rate first: sequential password logins (argon2id dominates).
+	start := time.Now()
+	n := 0
+	for time.Since(start) < 2*time.Second && n < 200 {
+		if _, err := b.c.Identity.Issue(context.Background(), cloud.DemoUser, b.c.Secrets.DemoPassword, cloud.DemoProject); err != nil {
+			return err
+		}
+		n++
+	}
+	fmt.Printf("token issue (password, in-process):     %8.0f /s\n", float64(n)/time.Since(start).Seconds())
+
+	for _, sc := range []struct {
+		name, url string
+		subject   bool
+	}{
+		{"token validation (GET /v3/auth/tokens)", b.c.IdentityURL + "/auth/tokens?nocatalog", true},
+		{"authenticated GET (GET /v2.1/flavors)", b.c.ComputeURL + "/flavors", false},
+	} {
+		var ok, failed atomic.Int64
+		deadline := time.Now().Add(d)
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(deadline) {
+					req, _ := http.NewRequest("GET", sc.url, nil)
+					req.Header.Set("X-Auth-Token", b.token)
+					if sc.subject {
+						req.Header.Set("X-Subject-Token", b.token)
+					}
+					resp, err := b.http.Do(req)
+					if err != nil {
+						failed.Add(1)
+						continue
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == 200 {
+						ok.Add(1)
+					} else {
+						failed.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		fmt.Printf("%-40s%8.0f /s  (%d ok, %d failed, %d clients, %s)\n", sc.name+":",
+			float64(ok.Load())/d.Seconds(), ok.Load(), failed.Load(), workers, d)
+	}
+	return nil
+}
+
+func (b *benchClient) unlimitedQuota() error {
+	p, err := b.c.Identity.ProjectByName(context.Background(), cloud.AdminProject)
+	if err != nil {
+		return err
+	}
+	body := map[string]any{"quota_set": map[string]any{"instances": -1, "cores": -1, "ram": -1}}
+	if _, err := b.do("PUT", b.c.ComputeURL+"/os-quota-sets/"+p.ID, b.admin, body, nil); err != nil {
+		return err
+	}
+	var flavors struct {
+		Flavors []struct {
+			ID    string `json:"id"`
+			VCPUs int    `json:"vcpus"`
+			RAM   int    `json:"ram"`
+		} `json:"flavors"`
+	}
+	if _, err := b.do("GET", b.c.ComputeURL+"/flavors/detail", b.admin, nil, &flavors); err != nil {
+		return err
+	}
+	slices.SortFunc(flavors.Flavors, func(a, b struct {
+		ID    string `json:"id"`
+		VCPUs int    `json:"vcpus"`
+		RAM   int    `json:"ram"`
+	}) int {
+		return a.VCPUs*1_000_000 + a.RAM - b.VCPUs*1_000_000 - b.RAM
+	})
+	if len(flavors.Flavors) == 0 {
+		return fmt.Errorf("no flavors")
+	}
+	b.flavor = flavors.Flavors[0].ID
+	var images struct {
+		Images []struct {
+			ID string `json:"id"`
+		} `json:"images"`
+	}
+	if _, err := b.do("GET", b.c.ImageURL+"/v2/images?limit=1", b.admin, nil, &images); err != nil {
+		return err
+	}
+	if len(images.Images) == 0 {
+		return fmt.Errorf("no images")
+	}
+	b.image = images.Images[0].ID
+	return nil
+}
+
+func (b *benchClient) serverBody(name string, count int) map[string]any {
+	return map[string]any{"server": map[string]any{
+		"name": name, "imageRef": b.image, "flavorRef": b.flavor, "networks": "auto",
+		"min_count": 1, "max_count": count,
+	}}
+}
+
+// countActive returns how many of the project's servers are ACTIVE.
+func (b *benchClient) countActive() (int, error) {
+	n := 0
+	marker := ""
+	for {
+		url := b.c.ComputeURL + "/servers?status=ACTIVE&limit=1000"
+		if marker != "" {
+			url += "&marker=" + marker
+		}
+		var page struct {
+			Servers []struct {
+				ID string `json:"id"`
+			} `json:"servers"`
+		}
+		if _, err := b.do("GET", url, b.admin, nil, &page); err != nil {
+			return 0, err
+		}
+		n += len(page.Servers)
+		if len(page.Servers) < 1000 {
+			return n, nil
+		}
+		marker = page.Servers[len(page.Servers)-1].ID
+	}
+}
+
+// createToActive creates n servers with one POST each from several clients
+// and measures the time until all are ACTIVE.
+func (b *benchClient) createToActive(n, workers int) error {
+	before, err := b.countActive()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	var next atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				if _, err := b.do("POST", b.c.ComputeURL+"/servers", b.admin, b.serverBody("bench-"+strconv.FormatInt(i, 10), 1), nil); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if e := firstErr.Load(); e != nil {
+		return e.(error)
+	}
+	accepted := time.Since(start)
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		active, err := b.countActive()
+		if err != nil {
+			return err
+		}
+		if active-before >= n {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("create: only %d of %d servers ACTIVE after 5 minutes", active-before, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	total := time.Since(start)
+	fmt.Printf("create accepted (POST /servers):         %8.0f /s  (%d in %s)\n", float64(n)/accepted.Seconds(), n, accepted.Round(time.Millisecond))
+	fmt.Printf("create to ACTIVE (fake driver, delay 0): %8.0f /s  (%d in %s)\n", float64(n)/total.Seconds(), n, total.Round(time.Millisecond))
+	return nil
+}
+
+// detail fills the store to total servers with multi-create requests, then
+// times GET /servers/detail?limit=1000.
+func (b *benchClient) detail(total int) error {
+	have, err := b.countActive()
+	if err != nil {
+		return err
+	}
+	for have < total {
+		batch := min(500, total-have)
+		if _, err := b.do("POST", b.c.ComputeURL+"/servers", b.admin, b.serverBody("fill", batch), nil); err != nil {
+			return err
+		}
+		have += batch
+	}
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		n, err := b.countActive()
+		if err != nil {
+			return err
+		}
+		if n >= total {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("detail: only %d of %d servers ACTIVE", n, total)
+		}
+	}
+	var times []time.Duration
+	for range 30 {
+		var page struct {
+			Servers []json.RawMessage `json:"servers"`
+		}
+		start := time.Now()
+		if _, err := b.do("GET", b.c.ComputeURL+"/servers/detail?limit=1000", b.admin, nil, &page); err != nil {
+			return err
+		}
+		times = append(times, time.Since(start))
+		if len(page.Servers) != 1000 {
+			return fmt.Errorf("detail: page has %d servers", len(page.Servers))
+		}
+	}
+	slices.Sort(times)
+	fmt.Printf("GET /servers/detail?limit=1000 (%d in store): median %s, p90 %s, max %s\n", total,
+		times[len(times)/2].Round(100*time.Microsecond), times[len(times)*9/10].Round(100*time.Microsecond),
+		times[len(times)-1].Round(100*time.Microsecond))
+	return nil
+}
+
+// benchIdleRSS starts `nimbus serve` as a child on a fresh directory and
+// free ports, waits for it to settle and reads its resident memory.
+func benchIdleRSS() error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "nimbus-rss-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ports := make([]string, 4)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		ports[i] = strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+		ln.Close()
+	}
+	cmd := exec.Command(exe, "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1",
+		"--identity-port", ports[0], "--compute-port", ports[1], "--image-port", ports[2], "--network-port", ports[3],
+		"--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := client.Get("https://127.0.0.1:" + ports[0] + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("rss: nimbus serve did not become healthy")
+		}
+	}
+	time.Sleep(5 * time.Second)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			fmt.Printf("idle nimbus serve resident memory:      %s\n", strings.TrimSpace(strings.TrimPrefix(line, "VmRSS:")))
+		}
+	}
+	return nil
+}
