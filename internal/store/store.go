@@ -247,3 +247,6 @@ func isRetryable(err error) bool {
 
 // IsNoRows reports whether err means an empty result.
 func IsNoRows(err error) bool { return errors.Is(err, sql.ErrNoRows) }
+
+// RebindFor rewrites '?' placeholders for dialect d.
+func RebindFor(d Dialect, q string) string { return rebind(d, q) }

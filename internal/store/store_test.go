@@ -1,0 +1,81 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"nimbus/internal/store"
+	"nimbus/internal/store/storetest"
+)
+
+func TestRebind(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"SELECT 1", "SELECT 1"},
+		{"SELECT * FROM t WHERE a = ? AND b = ?", "SELECT * FROM t WHERE a = $1 AND b = $2"},
+		{"SELECT '?' FROM t WHERE a = ?", "SELECT '?' FROM t WHERE a = $1"},
+	}
+	for _, tt := range tests {
+		if got := store.RebindFor(store.Postgres, tt.in); got != tt.want {
+			t.Errorf("rebind(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+		if got := store.RebindFor(store.SQLite, tt.in); got != tt.in {
+			t.Errorf("sqlite rebind changed %q to %q", tt.in, got)
+		}
+	}
+}
+
+// TestTxAllOrNothing checks on both engines that a failed transaction leaves
+// nothing behind, that a unique violation is ErrConflict, and that opening
+// the database again does not re-run migrations.
+func TestTxAllOrNothing(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		db, err := store.Open(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		boom := errors.New("boom")
+		err = db.Tx(ctx, func(tx *store.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO settings (name, value) VALUES (?, ?)", "a", "1"); err != nil {
+				return err
+			}
+			return boom
+		})
+		if !errors.Is(err, boom) {
+			t.Fatalf("Tx returned %v, want boom", err)
+		}
+		var n int
+		if err := db.QueryRow(ctx, "SELECT COUNT(*) FROM settings WHERE name = ?", "a").Scan(&n); err != nil || n != 0 {
+			t.Fatalf("rolled-back row visible: n=%d err=%v", n, err)
+		}
+
+		committed := false
+		err = db.Tx(ctx, func(tx *store.Tx) error {
+			tx.AfterCommit(func() { committed = true })
+			_, err := tx.Exec(ctx, "INSERT INTO settings (name, value) VALUES (?, ?)", "b", "1")
+			return err
+		})
+		if err != nil || !committed {
+			t.Fatalf("commit: err=%v afterCommit ran=%v", err, committed)
+		}
+		err = db.Tx(ctx, func(tx *store.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO settings (name, value) VALUES (?, ?)", "b", "2")
+			return err
+		})
+		if !errors.Is(err, store.ErrConflict) {
+			t.Fatalf("duplicate insert: %v, want ErrConflict", err)
+		}
+		db.Close()
+
+		db2, err := store.Open(ctx, url)
+		if err != nil {
+			t.Fatalf("reopen: %v", err)
+		}
+		defer db2.Close()
+		if err := db2.QueryRow(ctx, "SELECT COUNT(*) FROM settings").Scan(&n); err != nil || n != 1 {
+			t.Fatalf("after reopen: n=%d err=%v", n, err)
+		}
+	})
+}
