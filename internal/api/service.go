@@ -150,7 +150,8 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.renderError(rec, r, NotFound("The resource could not be found."))
 		return
 	}
-	h.ServeHTTP(rec, r)
+	// Serve through the mux, not h, so that r.PathValue works in handlers.
+	s.mux.ServeHTTP(rec, r)
 }
 
 func (s *Service) renderError(w http.ResponseWriter, r *http.Request, e *Error) {
