@@ -5,15 +5,23 @@ package image
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"io"
+	"os"
+	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"nimbus/internal/api"
 	"nimbus/internal/store"
 )
 
-// Image is one image record.
+// Image is one image record. Empty strings stand for Glance's nulls: a name,
+// owner, format, checksum or hash that was never set is rendered as null,
+// and size is null until data has been stored (Checksum != "").
 type Image struct {
 	ID, Name, Status, Visibility, Owner, DiskFormat, ContainerFormat, Checksum string
 	Size, VirtualSize                                                          int64
@@ -22,7 +30,31 @@ type Image struct {
 	Tags                                                                       []string
 	Properties                                                                 map[string]string
 	CreatedAt, UpdatedAt                                                       time.Time
+
+	// OSHidden hides the image from default listings (Glance os_hidden).
+	OSHidden bool
+	// OSHashAlgo and OSHashValue are Glance's multihash of the data.
+	OSHashAlgo, OSHashValue string
 }
+
+// HasData reports whether image data has been stored.
+func (img *Image) HasData() bool { return img.Checksum != "" }
+
+// Image statuses (glance/api/v2/images.py get_base_properties).
+const (
+	StatusQueued      = "queued"
+	StatusSaving      = "saving"
+	StatusActive      = "active"
+	StatusDeactivated = "deactivated"
+)
+
+// Visibilities.
+const (
+	Public    = "public"
+	Community = "community"
+	Shared    = "shared"
+	Private   = "private"
+)
 
 // Service is the image service.
 type Service struct {
@@ -34,29 +66,236 @@ type Service struct {
 func New(db *store.DB, dataDir string) *Service { return &Service{db: db, dataDir: dataDir} }
 
 // Routes is the image API's route table.
-func (s *Service) Routes() []api.Route { return nil }
+func (s *Service) Routes() []api.Route {
+	const maxUpload = 1 << 40 // 1 TiB: an image upload is not a JSON body.
+	return []api.Route{
+		{Pattern: "GET /{$}", Handler: s.versions(http300), Public: true},
+		{Pattern: "GET /versions", Handler: s.versions(http200), Public: true},
+		{Pattern: "GET /v2/{$}", Handler: s.versions(http300), Public: true},
 
-var errTODO = errors.New("image: not implemented yet")
+		{Pattern: "GET /v2/images", Handler: s.listImages},
+		{Pattern: "POST /v2/images", Handler: s.createImage},
+		{Pattern: "GET /v2/images/{id}", Handler: s.showImage},
+		{Pattern: "PATCH /v2/images/{id}", Handler: s.updateImage},
+		{Pattern: "DELETE /v2/images/{id}", Handler: s.deleteImage},
+		{Pattern: "PUT /v2/images/{id}/tags/{tag}", Handler: s.addTag},
+		{Pattern: "DELETE /v2/images/{id}/tags/{tag}", Handler: s.deleteTag},
+		{Pattern: "POST /v2/images/{id}/actions/deactivate", Handler: s.deactivate},
+		{Pattern: "POST /v2/images/{id}/actions/reactivate", Handler: s.reactivate},
+
+		{Pattern: "PUT /v2/images/{id}/file", Handler: s.uploadData, MaxBody: maxUpload},
+		{Pattern: "GET /v2/images/{id}/file", Handler: s.downloadData},
+
+		{Pattern: "GET /v2/images/{id}/members", Handler: s.listMembers},
+		{Pattern: "POST /v2/images/{id}/members", Handler: s.createMember},
+		{Pattern: "GET /v2/images/{id}/members/{member}", Handler: s.showMember},
+		{Pattern: "PUT /v2/images/{id}/members/{member}", Handler: s.updateMember},
+		{Pattern: "DELETE /v2/images/{id}/members/{member}", Handler: s.deleteMember},
+
+		{Pattern: "GET /v2/schemas/image", Handler: schemaHandler(imageSchema)},
+		{Pattern: "GET /v2/schemas/images", Handler: schemaHandler(imagesSchema)},
+		{Pattern: "GET /v2/schemas/member", Handler: schemaHandler(memberSchema)},
+		{Pattern: "GET /v2/schemas/members", Handler: schemaHandler(membersSchema)},
+		{Pattern: "GET /v2/info/import", Handler: importInfo},
+	}
+}
 
 // Get returns an image the project may see (public, community, its own or
 // shared with it; admins see all), or store.ErrNotFound.
 func (s *Service) Get(ctx context.Context, projectID string, admin bool, id string) (*Image, error) {
-	return nil, errTODO
+	return s.visibleImage(ctx, s.db, projectID, admin, id)
 }
 
 // CreateSnapshot registers a queued image owned by projectID for a server
 // snapshot, copying disk/container format and OS properties from base.
 func (s *Service) CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *Image) (*Image, error) {
-	return nil, errTODO
+	now := time.Now().UTC().Truncate(time.Second)
+	img := &Image{
+		ID: uuid.NewString(), Name: name, Status: StatusQueued, Visibility: Private, Owner: projectID,
+		DiskFormat: "raw", ContainerFormat: "bare", Tags: []string{}, Properties: map[string]string{},
+		CreatedAt: now, UpdatedAt: now,
+	}
+	if base != nil {
+		if base.DiskFormat != "" {
+			img.DiskFormat = base.DiskFormat
+		}
+		if base.ContainerFormat != "" {
+			img.ContainerFormat = base.ContainerFormat
+		}
+		img.MinDisk, img.MinRAM = base.MinDisk, base.MinRAM
+		for k, v := range base.Properties {
+			if strings.HasPrefix(k, "os_") || strings.HasPrefix(k, "login_") {
+				img.Properties[k] = v
+			}
+		}
+	}
+	for k, v := range props {
+		img.Properties[k] = v
+	}
+	if err := insertImage(ctx, tx, img); err != nil {
+		return nil, err
+	}
+	return img, nil
 }
 
 // FinishSnapshot stores a snapshot's data and makes the image active.
 func (s *Service) FinishSnapshot(ctx context.Context, id string, data io.Reader) error {
-	return errTODO
+	img, err := getImage(ctx, s.db, id)
+	if err != nil {
+		return err
+	}
+	if err := s.beginUpload(ctx, img); err != nil {
+		return err
+	}
+	return s.storeData(ctx, img, data)
 }
 
-// Delete removes an image and its data (used for shelved-server images).
-func (s *Service) Delete(ctx context.Context, id string) error { return errTODO }
+// Delete removes an image and its data (used for shelved-server images). It
+// makes no policy checks; store.ErrNotFound when there is no such image.
+func (s *Service) Delete(ctx context.Context, id string) error {
+	return s.db.Tx(ctx, func(tx *store.Tx) error { return s.deleteRow(ctx, tx, id) })
+}
 
-// Bootstrap registers the base and marketplace images once.
-func (s *Service) Bootstrap(ctx context.Context) error { return nil }
+// deleteRow removes the record (members cascade) and, once committed, the
+// data file.
+func (s *Service) deleteRow(ctx context.Context, tx *store.Tx, id string) error {
+	if _, err := tx.Exec(ctx, "DELETE FROM image_members WHERE image_id = ?", id); err != nil {
+		return err
+	}
+	res, err := tx.Exec(ctx, "DELETE FROM images WHERE id = ?", id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	tx.AfterCommit(func() { os.Remove(s.dataPath(id)) })
+	return nil
+}
+
+// --- storage of records ---
+
+const imageCols = `id, name, status, visibility, owner, protected, os_hidden, disk_format, container_format,
+	size, virtual_size, checksum, os_hash_algo, os_hash_value, min_disk, min_ram, tags, properties, created_at, updated_at`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanImage(row scanner) (*Image, error) {
+	var img Image
+	var protected, hidden int
+	var tags, props, created, updated string
+	err := row.Scan(&img.ID, &img.Name, &img.Status, &img.Visibility, &img.Owner, &protected, &hidden,
+		&img.DiskFormat, &img.ContainerFormat, &img.Size, &img.VirtualSize, &img.Checksum, &img.OSHashAlgo,
+		&img.OSHashValue, &img.MinDisk, &img.MinRAM, &tags, &props, &created, &updated)
+	if err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, store.ErrNotFound
+		}
+		return nil, err
+	}
+	img.Protected, img.OSHidden = protected != 0, hidden != 0
+	img.Tags, img.Properties = []string{}, map[string]string{}
+	if err := store.FromJSON(tags, &img.Tags); err != nil {
+		return nil, fmt.Errorf("image %s: tags: %w", img.ID, err)
+	}
+	if err := store.FromJSON(props, &img.Properties); err != nil {
+		return nil, fmt.Errorf("image %s: properties: %w", img.ID, err)
+	}
+	if img.Tags == nil {
+		img.Tags = []string{}
+	}
+	if img.Properties == nil {
+		img.Properties = map[string]string{}
+	}
+	img.CreatedAt, img.UpdatedAt = store.ParseTime(created), store.ParseTime(updated)
+	return &img, nil
+}
+
+func getImage(ctx context.Context, q store.Querier, id string) (*Image, error) {
+	return scanImage(q.QueryRow(ctx, "SELECT "+imageCols+" FROM images WHERE id = ?", id))
+}
+
+func insertImage(ctx context.Context, q store.Querier, img *Image) error {
+	_, err := q.Exec(ctx, "INSERT INTO images ("+imageCols+`) VALUES
+		(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		img.ID, img.Name, img.Status, img.Visibility, img.Owner, b2i(img.Protected), b2i(img.OSHidden),
+		img.DiskFormat, img.ContainerFormat, img.Size, img.VirtualSize, img.Checksum, img.OSHashAlgo,
+		img.OSHashValue, img.MinDisk, img.MinRAM, store.JSON(img.Tags), store.JSON(img.Properties),
+		store.FormatTime(img.CreatedAt), store.FormatTime(img.UpdatedAt))
+	return err
+}
+
+func updateImage(ctx context.Context, q store.Querier, img *Image) error {
+	res, err := q.Exec(ctx, `UPDATE images SET name = ?, status = ?, visibility = ?, owner = ?, protected = ?,
+		os_hidden = ?, disk_format = ?, container_format = ?, size = ?, virtual_size = ?, checksum = ?,
+		os_hash_algo = ?, os_hash_value = ?, min_disk = ?, min_ram = ?, tags = ?, properties = ?, updated_at = ?
+		WHERE id = ?`,
+		img.Name, img.Status, img.Visibility, img.Owner, b2i(img.Protected), b2i(img.OSHidden),
+		img.DiskFormat, img.ContainerFormat, img.Size, img.VirtualSize, img.Checksum, img.OSHashAlgo,
+		img.OSHashValue, img.MinDisk, img.MinRAM, store.JSON(img.Tags), store.JSON(img.Properties),
+		store.FormatTime(img.UpdatedAt), img.ID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// --- visibility (glance/db/sqlalchemy/api.py is_image_visible) ---
+
+// visibleImage loads an image the project may see: admins see all; public
+// and community images are seen by everyone; private ones by the owner;
+// shared ones by the owner and by members in any member status.
+func (s *Service) visibleImage(ctx context.Context, q store.Querier, projectID string, admin bool, id string) (*Image, error) {
+	img, err := getImage(ctx, q, id)
+	if err != nil {
+		return nil, err
+	}
+	ok, err := canSee(ctx, q, img, projectID, admin)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, store.ErrNotFound
+	}
+	return img, nil
+}
+
+func canSee(ctx context.Context, q store.Querier, img *Image, projectID string, admin bool) (bool, error) {
+	switch {
+	case admin, img.Visibility == Public, img.Visibility == Community:
+		return true, nil
+	case projectID != "" && img.Owner == projectID:
+		return true, nil
+	case img.Visibility == Shared && projectID != "":
+		var one int
+		err := q.QueryRow(ctx, "SELECT 1 FROM image_members WHERE image_id = ? AND member = ?", img.ID, projectID).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	return false, nil
+}
+
+// owns reports whether the caller may change an image: admins and writers
+// of the owning project (Glance's secure-RBAC defaults, "role:admin or
+// (role:member and project_id:%(project_id)s)").
+func owns(c *api.Caller, img *Image) bool {
+	return c.IsAdmin() || (c.ProjectID != "" && img.Owner == c.ProjectID && canWrite(c))
+}
+
+// canWrite is false for a caller whose only say in its project is the
+// reader role.
+func canWrite(c *api.Caller) bool {
+	return c.IsAdmin() || c.HasRole("member") || !c.HasRole("reader")
+}

@@ -1,0 +1,184 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"crypto/md5"
+	"crypto/sha512"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+
+	"nimbus/internal/store"
+)
+
+// CatalogImage is one base or marketplace image registered on first start.
+type CatalogImage struct {
+	Name            string
+	OSType          string // linux or windows
+	Distro, Version string
+	LoginProtocol   string // ssh or rdp
+	LoginUser       string
+	MinDisk, MinRAM int
+	MarketplaceOf   string // base image name for marketplace images
+	ExtraProperties map[string]string
+}
+
+// Catalog is the spec's base images and a few marketplace images.
+var Catalog = []CatalogImage{
+	{Name: "Windows Server 2019", OSType: "windows", Distro: "windows", Version: "2019", LoginProtocol: "rdp", LoginUser: "Administrator", MinDisk: 40, MinRAM: 2048},
+	{Name: "Windows Server 2022", OSType: "windows", Distro: "windows", Version: "2022", LoginProtocol: "rdp", LoginUser: "Administrator", MinDisk: 40, MinRAM: 2048},
+	{Name: "Ubuntu 24.04", OSType: "linux", Distro: "ubuntu", Version: "24.04", LoginProtocol: "ssh", LoginUser: "ubuntu", MinDisk: 10},
+	{Name: "Ubuntu 22.04", OSType: "linux", Distro: "ubuntu", Version: "22.04", LoginProtocol: "ssh", LoginUser: "ubuntu", MinDisk: 10},
+	{Name: "Debian 12", OSType: "linux", Distro: "debian", Version: "12", LoginProtocol: "ssh", LoginUser: "debian", MinDisk: 10},
+	{Name: "CentOS Stream 9", OSType: "linux", Distro: "centos", Version: "9", LoginProtocol: "ssh", LoginUser: "cloud-user", MinDisk: 10},
+	{Name: "Fedora 41", OSType: "linux", Distro: "fedora", Version: "41", LoginProtocol: "ssh", LoginUser: "fedora", MinDisk: 10},
+	{Name: "openSUSE Leap 15.6", OSType: "linux", Distro: "opensuse", Version: "15.6", LoginProtocol: "ssh", LoginUser: "opensuse", MinDisk: 10},
+	{Name: "Docker CE on Ubuntu 24.04", OSType: "linux", Distro: "ubuntu", Version: "24.04", LoginProtocol: "ssh", LoginUser: "ubuntu", MinDisk: 10, MarketplaceOf: "Ubuntu 24.04"},
+	{Name: "WordPress on Debian 12", OSType: "linux", Distro: "debian", Version: "12", LoginProtocol: "ssh", LoginUser: "debian", MinDisk: 10, MarketplaceOf: "Debian 12"},
+	{Name: "GitLab CE on Ubuntu 22.04", OSType: "linux", Distro: "ubuntu", Version: "22.04", LoginProtocol: "ssh", LoginUser: "ubuntu", MinDisk: 20, MinRAM: 4096, MarketplaceOf: "Ubuntu 22.04"},
+}
+
+// CatalogID is the stable id of a catalog image: a UUIDv5 of its name, the
+// same on every install.
+func CatalogID(name string) string {
+	return uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://nimbus.invalid/images/"+name)).String()
+}
+
+// placeholderSize is the size of a catalog image's stand-in data.
+const placeholderSize = 1 << 20
+
+// placeholder is the deterministic stand-in data of a catalog image: a
+// recognisable text line repeated to 1 MiB.
+func placeholder(name string) []byte {
+	line := []byte(fmt.Sprintf("NIMBUS PLACEHOLDER IMAGE %q: import the real image before booting it.\n", name))
+	return bytes.Repeat(line, placeholderSize/len(line)+1)[:placeholderSize]
+}
+
+const bootstrapSetting = "catalog_bootstrapped"
+
+// Bootstrap registers the base and marketplace images once per database as
+// public active images, and on every start makes sure the placeholder data
+// of those still registered is on disk (the data directory may be new while
+// the database is not).
+func (s *Service) Bootstrap(ctx context.Context) error {
+	owner := ""
+	// The catalog belongs to the operator's project when identity has one.
+	if err := s.db.QueryRow(ctx, "SELECT id FROM projects WHERE domain_id = 'default' AND name = 'admin'").Scan(&owner); err != nil {
+		owner = ""
+	}
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		var done string
+		err := tx.QueryRow(ctx, "SELECT value FROM image_settings WHERE name = ?", bootstrapSetting).Scan(&done)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		now := time.Now().UTC().Truncate(time.Second)
+		if _, err := tx.Exec(ctx, "INSERT INTO image_settings (name, value) VALUES (?, ?)", bootstrapSetting, store.FormatTime(now)); err != nil {
+			return err
+		}
+		for _, ci := range Catalog {
+			img := catalogRecord(ci, owner, now)
+			if _, err := getImage(ctx, tx, img.ID); err == nil {
+				continue
+			} else if !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+			if err := insertImage(ctx, tx, img); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, store.ErrConflict) {
+		err = nil // another controller bootstrapped the same database
+	}
+	if err != nil {
+		return err
+	}
+	return s.ensurePlaceholders(ctx)
+}
+
+func catalogRecord(ci CatalogImage, owner string, now time.Time) *Image {
+	data := placeholder(ci.Name)
+	md, sh := md5.Sum(data), sha512.Sum512(data)
+	props := map[string]string{
+		"os_type": ci.OSType, "os_distro": ci.Distro, "os_version": ci.Version,
+		"login_protocol": ci.LoginProtocol, "login_user": ci.LoginUser,
+		"architecture": "x86_64", "nimbus_placeholder": "true",
+	}
+	if ci.MarketplaceOf != "" {
+		props["nimbus_marketplace"] = "true"
+		props["nimbus_base_image"] = CatalogID(ci.MarketplaceOf)
+	}
+	for k, v := range ci.ExtraProperties {
+		props[k] = v
+	}
+	return &Image{
+		ID: CatalogID(ci.Name), Name: ci.Name, Status: StatusActive, Visibility: Public, Owner: owner,
+		DiskFormat: "raw", ContainerFormat: "bare", Size: int64(len(data)), VirtualSize: int64(len(data)),
+		Checksum: hex.EncodeToString(md[:]), OSHashAlgo: hashAlgo, OSHashValue: hex.EncodeToString(sh[:]),
+		MinDisk: ci.MinDisk, MinRAM: ci.MinRAM, Tags: []string{}, Properties: props,
+		CreatedAt: now, UpdatedAt: now,
+	}
+}
+
+// ensurePlaceholders writes the stand-in data of every registered catalog
+// image that still carries its placeholder and has no file.
+func (s *Service) ensurePlaceholders(ctx context.Context) error {
+	for _, ci := range Catalog {
+		id := CatalogID(ci.Name)
+		img, err := getImage(ctx, s.db, id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if img.Properties["nimbus_placeholder"] != "true" || !img.HasData() {
+			continue
+		}
+		if _, err := os.Stat(s.dataPath(id)); err == nil {
+			continue
+		}
+		if err := s.writeFile(id, placeholder(ci.Name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeFile places data as an image's file through a temporary file, so a
+// crash never leaves a partial file under the image's name.
+func (s *Service) writeFile(id string, data []byte) error {
+	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
+		return fmt.Errorf("image store: %w", err)
+	}
+	f, err := os.CreateTemp(s.dataDir, ".upload-"+id+"-*")
+	if err != nil {
+		return fmt.Errorf("image store: %w", err)
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), s.dataPath(id))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("image store: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,300 @@
+package image
+
+import (
+	"context"
+	"crypto/md5"
+	"crypto/sha512"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"nimbus/internal/api"
+	"nimbus/internal/store"
+)
+
+// hashAlgo is Glance's default hashing_algorithm.
+const hashAlgo = "sha512"
+
+func (s *Service) dataPath(id string) string { return filepath.Join(s.dataDir, id) }
+
+// DataPath is where an image's data lives once it is active, for a driver
+// that reads it directly. Images marked nimbus_placeholder="true" hold only
+// a stand-in payload there.
+func (s *Service) DataPath(id string) string {
+	if !uuidPattern.MatchString(id) {
+		return ""
+	}
+	return s.dataPath(id)
+}
+
+// beginUpload moves a queued image to saving, so that a second upload
+// conflicts (glance/api/v2/image_data.py upload and the domain's status
+// transitions).
+func (s *Service) beginUpload(ctx context.Context, img *Image) error {
+	return s.db.Tx(ctx, func(tx *store.Tx) error {
+		cur, err := getImage(ctx, tx, img.ID)
+		if err != nil {
+			return err
+		}
+		if cur.Status != StatusQueued {
+			return api.Conflict("Image status transition from %s to saving is not allowed", cur.Status)
+		}
+		var missing []string
+		if cur.ContainerFormat == "" {
+			missing = append(missing, "container_format")
+		}
+		if cur.DiskFormat == "" {
+			missing = append(missing, "disk_format")
+		}
+		if len(missing) > 0 {
+			return api.BadRequest("Properties %s must be set prior to saving data.", strings.Join(missing, ", "))
+		}
+		cur.Status = StatusSaving
+		cur.UpdatedAt = time.Now().UTC().Truncate(time.Second)
+		*img = *cur
+		return updateImage(ctx, tx, cur)
+	})
+}
+
+// readError marks a failure to read the data being stored, as opposed to a
+// failure of our own disk.
+type readError struct{ err error }
+
+func (e *readError) Error() string { return "reading image data: " + e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }
+
+type readTracker struct {
+	r   io.Reader
+	err error
+}
+
+func (t *readTracker) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	if err != nil && err != io.EOF {
+		t.err = err
+	}
+	return n, err
+}
+
+// prefix keeps the first bytes written, to read a qcow2 header.
+type prefix struct{ b []byte }
+
+func (p *prefix) Write(b []byte) (int, error) {
+	if room := 512 - len(p.b); room > 0 {
+		p.b = append(p.b, b[:min(room, len(b))]...)
+	}
+	return len(b), nil
+}
+
+// virtualSize is the disk size a guest sees: the qcow2 header's size field,
+// the data size for raw images, unknown (0) otherwise.
+func virtualSize(diskFormat string, head []byte, size int64) int64 {
+	switch diskFormat {
+	case "raw":
+		return size
+	case "qcow2":
+		if len(head) >= 32 && string(head[:4]) == "QFI\xfb" {
+			return int64(binary.BigEndian.Uint64(head[24:32]))
+		}
+	}
+	return 0
+}
+
+// storeData streams data into a temporary file beside the image store,
+// hashing it on the way, then renames it into place and marks the saving
+// image active. On any failure the temporary file is removed and the image
+// goes back to queued, as Glance's _restore does.
+func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader) (err error) {
+	tmpName := ""
+	defer func() {
+		if err == nil {
+			return
+		}
+		if tmpName != "" {
+			os.Remove(tmpName)
+		}
+		// Detached from the request: the client may be gone.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, _ = s.db.Exec(rctx, "UPDATE images SET status = ? WHERE id = ? AND status = ?",
+			StatusQueued, img.ID, StatusSaving)
+	}()
+	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
+		return fmt.Errorf("image store: %w", err)
+	}
+	f, err := os.CreateTemp(s.dataDir, ".upload-"+img.ID+"-*")
+	if err != nil {
+		return fmt.Errorf("image store: %w", err)
+	}
+	tmpName = f.Name()
+	md, sh, head := md5.New(), sha512.New(), &prefix{}
+	src := &readTracker{r: data}
+	n, err := io.Copy(io.MultiWriter(f, md, sh, head), src)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if src.err != nil {
+			return &readError{src.err}
+		}
+		return fmt.Errorf("image store: %w", err)
+	}
+	if err := os.Rename(tmpName, s.dataPath(img.ID)); err != nil {
+		return fmt.Errorf("image store: %w", err)
+	}
+	tmpName = ""
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
+		cur, err := getImage(ctx, tx, img.ID)
+		if err != nil {
+			return err
+		}
+		if cur.Status != StatusSaving {
+			return api.Conflict("Image status transition from %s to active is not allowed", cur.Status)
+		}
+		cur.Size, cur.Checksum = n, hex.EncodeToString(md.Sum(nil))
+		cur.OSHashAlgo, cur.OSHashValue = hashAlgo, hex.EncodeToString(sh.Sum(nil))
+		cur.VirtualSize = virtualSize(cur.DiskFormat, head.b, n)
+		cur.Status = StatusActive
+		cur.UpdatedAt = time.Now().UTC().Truncate(time.Second)
+		*img = *cur
+		return updateImage(ctx, tx, cur)
+	})
+	if err != nil {
+		// The record is gone or changed under us: drop the data we placed.
+		os.Remove(s.dataPath(img.ID))
+		if errors.Is(err, store.ErrNotFound) {
+			return api.Errorf(http.StatusGone, "Image %s could not be found after upload. The image may have been deleted during the upload.", img.ID)
+		}
+	}
+	return err
+}
+
+func (s *Service) uploadData(r *http.Request) (*api.Response, error) {
+	c := api.CallerFrom(r.Context())
+	img, err := s.lookup(r.Context(), s.db, r)
+	if err != nil {
+		return nil, err
+	}
+	if !owns(c, img) {
+		return nil, api.Forbidden("You are not permitted to upload data for this image.")
+	}
+	ct := r.Header.Get("Content-Type")
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	if strings.TrimSpace(ct) != "application/octet-stream" {
+		return nil, api.Errorf(http.StatusUnsupportedMediaType, "The request media type %s is not supported by this server.", ct)
+	}
+	if err := s.beginUpload(r.Context(), img); err != nil {
+		return nil, err
+	}
+	if err := s.storeData(r.Context(), img, r.Body); err != nil {
+		var re *readError
+		if errors.As(err, &re) {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return nil, api.OverLimit("Image exceeds the storage quota.")
+			}
+			return nil, api.BadRequest("Error in reading image data: %v", re.err)
+		}
+		return nil, err
+	}
+	return api.Empty(http.StatusNoContent), nil
+}
+
+func (s *Service) downloadData(r *http.Request) (*api.Response, error) {
+	c := api.CallerFrom(r.Context())
+	img, err := s.lookup(r.Context(), s.db, r)
+	if err != nil {
+		return nil, err
+	}
+	if img.Status == StatusDeactivated && !c.IsAdmin() {
+		return nil, api.Forbidden("The requested image has been deactivated. Image data download is forbidden.")
+	}
+	if !img.HasData() || (img.Status != StatusActive && img.Status != StatusDeactivated) {
+		return api.Empty(http.StatusNoContent), nil
+	}
+	f, err := os.Open(s.dataPath(img.ID))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, api.NotFound("Image data for %s could not be found.", img.ID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	size := st.Size()
+	if rng := r.Header.Get("Range"); rng != "" {
+		// glance/api/v2/image_data.py download serves one byte range as 206.
+		start, end, ok := parseRange(rng, size)
+		if !ok {
+			f.Close()
+			e := api.Errorf(http.StatusRequestedRangeNotSatisfiable, "Requested range not satisfiable")
+			e.Header = http.Header{"Content-Range": {"bytes */" + strconv.FormatInt(size, 10)}}
+			return nil, e
+		}
+		body := struct {
+			io.Reader
+			io.Closer
+		}{io.NewSectionReader(f, start, end-start+1), f}
+		resp := &api.Response{Status: http.StatusPartialContent, Body: body}
+		return resp.WithHeader("Content-Type", "application/octet-stream").
+			WithHeader("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, end, size)).
+			WithHeader("Content-Length", strconv.FormatInt(end-start+1, 10)), nil
+	}
+	resp := &api.Response{Status: http.StatusOK, Body: f}
+	return resp.WithHeader("Content-Type", "application/octet-stream").
+		WithHeader("Content-MD5", img.Checksum).
+		WithHeader("Content-Length", strconv.FormatInt(size, 10)), nil
+}
+
+// parseRange reads a single "bytes=a-b", "bytes=a-" or "bytes=-n" range
+// and returns inclusive offsets within size.
+func parseRange(h string, size int64) (start, end int64, ok bool) {
+	spec, found := strings.CutPrefix(strings.TrimSpace(h), "bytes=")
+	if !found || strings.Contains(spec, ",") {
+		return 0, 0, false
+	}
+	a, b, found := strings.Cut(strings.TrimSpace(spec), "-")
+	if !found {
+		return 0, 0, false
+	}
+	var err error
+	switch {
+	case a == "":
+		n, err := strconv.ParseInt(b, 10, 64)
+		if err != nil || n <= 0 {
+			return 0, 0, false
+		}
+		start, end = max(size-n, 0), size-1
+	default:
+		if start, err = strconv.ParseInt(a, 10, 64); err != nil || start < 0 {
+			return 0, 0, false
+		}
+		end = size - 1
+		if b != "" {
+			if end, err = strconv.ParseInt(b, 10, 64); err != nil || end < start {
+				return 0, 0, false
+			}
+			end = min(end, size-1)
+		}
+	}
+	if start >= size || size == 0 {
+		return 0, 0, false
+	}
+	return start, end, true
+}
