@@ -192,6 +192,9 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		"image":    service("image", api.RenderGlance, c.Identity, c.IdentityURL, c.Images.Routes(), cfg.Log),
 		"network":  service("network", api.RenderNeutron, c.Identity, c.IdentityURL, c.Networks.Routes(), cfg.Log),
 	}
+	// Keystone itself names its versioned URL in WWW-Authenticate; the other
+	// services' keystonemiddleware names the root (wire captures 08, 09, 40).
+	handlers["identity"].(*api.Service).AuthURL = c.IdentityURL
 	runCtx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	for name, ln := range lns {
