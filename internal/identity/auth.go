@@ -288,7 +288,8 @@ func (s *Service) subject(r *http.Request) (*tokenInfo, error) {
 	if id == "" {
 		return nil, api.NotFound("Could not find token: .")
 	}
-	t, err := s.load(r.Context(), id)
+	e, err := s.lookup(r.Context(), id)
+	t := e.info
 	if errors.Is(err, errTokenNotFound) {
 		// Keystone's words for a token it cannot read (wire capture 07).
 		return nil, api.NotFound("Could not recognize Fernet token")

@@ -46,6 +46,7 @@ type tokenInfo struct {
 const cacheTTL = 15 * time.Second
 
 type cached struct {
+	info   *tokenInfo
 	caller *api.Caller
 	until  time.Time
 	gen    uint64
@@ -57,22 +58,22 @@ type tokenCache struct {
 	gen atomic.Uint64
 }
 
-func (c *tokenCache) get(hash string, now time.Time) *api.Caller {
+func (c *tokenCache) get(hash string, now time.Time) (cached, bool) {
 	c.mu.RLock()
 	e, ok := c.m[hash]
 	c.mu.RUnlock()
 	if !ok || e.gen != c.gen.Load() || now.After(e.until) {
-		return nil
+		return cached{}, false
 	}
-	return e.caller
+	return e, true
 }
 
-func (c *tokenCache) put(hash string, caller *api.Caller, until time.Time) {
+func (c *tokenCache) put(hash string, e cached) {
 	c.mu.Lock()
 	if len(c.m) > 100_000 {
 		c.m = map[string]cached{}
 	}
-	c.m[hash] = cached{caller: caller, until: until, gen: c.gen.Load()}
+	c.m[hash] = e
 	c.mu.Unlock()
 }
 
@@ -187,32 +188,47 @@ func (s *Service) Validate(ctx context.Context, token string) (*api.Caller, erro
 	if len(token) > 512 {
 		return nil, api.Unauthorized()
 	}
-	now := s.now()
-	hash := hashToken(token)
-	if c := s.cache.get(hash, now); c != nil {
-		return c, nil
+	e, err := s.lookup(ctx, token)
+	if errors.Is(err, errTokenNotFound) {
+		return nil, api.Unauthorized()
 	}
-	t, err := s.load(ctx, token)
 	if err != nil {
-		if errors.Is(err, errTokenNotFound) {
-			return nil, api.Unauthorized()
-		}
 		return nil, err
 	}
-	c := t.caller()
+	return e.caller, nil
+}
+
+// lookup loads a token through the cache: Keystone's own validate call and
+// every service's authentication share it.
+func (s *Service) lookup(ctx context.Context, token string) (cached, error) {
+	now := s.now()
+	hash := hashToken(token)
+	if e, ok := s.cache.get(hash, now); ok {
+		return e, nil
+	}
+	// Read the generation before loading, so a change that lands while we
+	// read makes this entry stale rather than cached as current.
+	gen := s.cache.gen.Load()
+	t, err := s.load(ctx, token)
+	if err != nil {
+		return cached{}, err
+	}
 	until := now.Add(cacheTTL)
 	if t.ExpiresAt.Before(until) {
 		until = t.ExpiresAt
 	}
-	s.cache.put(hash, c, until)
-	return c, nil
+	e := cached{info: t, caller: t.caller(), until: until, gen: gen}
+	s.cache.put(hash, e)
+	return e, nil
 }
-
 // revoke deletes a token.
 func (s *Service) revoke(ctx context.Context, id string) error {
 	hash := hashToken(id)
 	s.cache.drop(hash)
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
+		// Drop every cached entry after commit too: a lookup that read the
+		// row before the delete must not keep it cached.
+		tx.AfterCommit(s.cache.invalidate)
 		_, err := tx.Exec(ctx, "DELETE FROM tokens WHERE id_hash = ?", hash)
 		return err
 	})
