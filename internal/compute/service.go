@@ -27,6 +27,8 @@ type Service struct {
 	identity *identity.Service
 	log      *slog.Logger
 	now      func() time.Time
+	queue    *workQueue // reconcile loop work (servers half)
+	docs     docCache   // decoded server documents for lists (servers half)
 }
 
 // Deps are the compute service's collaborators.
@@ -47,7 +49,8 @@ func New(d Deps) *Service {
 	}
 	return &Service{
 		db: d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, identity: d.Identity, log: log,
-		now: func() time.Time { return time.Now().UTC() },
+		now:   func() time.Time { return time.Now().UTC() },
+		queue: newWorkQueue(),
 	}
 }
 

@@ -50,7 +50,7 @@ func customerLife(t *testing.T, c *cloud.Cloud, mv string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cat, err := tokens.Get(ctx, idc, pc.Token()).ExtractCatalog()
+	cat, err := tokens.Get(ctx, idc, pc.Token()).ExtractServiceCatalog()
 	if err != nil {
 		t.Fatalf("token catalog: %v", err)
 	}
@@ -84,7 +84,6 @@ func customerLife(t *testing.T, c *cloud.Cloud, mv string) {
 		t.Fatalf("flavors: %v (%d)", err, len(fl))
 	}
 	slices.SortFunc(fl, func(a, b flavors.Flavor) int { return a.VCPUs*100000 + a.RAM - b.VCPUs*100000 - b.RAM })
-	flavor := fl[0]
 
 	ipages, err := images.List(imageClient, images.ListOpts{}).AllPages(ctx)
 	if err != nil {
@@ -105,6 +104,18 @@ func customerLife(t *testing.T, c *cloud.Cloud, mv string) {
 		t.Fatalf("no active Linux image among %d", len(imgs))
 	}
 
+	// The smallest flavor whose disk holds the image, as Nova requires.
+	var flavor flavors.Flavor
+	for _, f := range fl {
+		if f.Disk >= image.MinDiskGigabytes && f.RAM >= image.MinRAMMegabytes {
+			flavor = f
+			break
+		}
+	}
+	if flavor.ID == "" {
+		t.Fatalf("no flavor fits image %s (min_disk %d)", image.Name, image.MinDiskGigabytes)
+	}
+
 	npages, err := networks.List(netClient, networks.ListOpts{Name: "private"}).AllPages(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -121,9 +132,12 @@ func customerLife(t *testing.T, c *cloud.Cloud, mv string) {
 	}
 
 	// Two servers in one request, as the spec's example does with min/max.
-	created, err := servers.Create(ctx, compute, servers.CreateOpts{
-		Name: "life", ImageRef: image.ID, FlavorRef: flavor.ID, KeyName: kp.Name,
-		Networks: []servers.Network{{UUID: nets[0].ID}}, MinCount: 2, MaxCount: 2,
+	created, err := servers.Create(ctx, compute, keypairs.CreateOptsExt{
+		CreateOptsBuilder: servers.CreateOpts{
+			Name: "life", ImageRef: image.ID, FlavorRef: flavor.ID,
+			Networks: []servers.Network{{UUID: nets[0].ID}}, Min: 2, Max: 2,
+		},
+		KeyName: kp.Name,
 	}, nil).Extract()
 	if err != nil {
 		t.Fatalf("create: %v", err)

@@ -1,12 +1,22 @@
 // Package fake is the simulated hypervisor fleet: hosts with cores, RAM, disk
 // and GPUs from config, and servers that take short, realistic delays to
 // change state. It is a product feature (the default driver) and behaves as
-// the real drivers do.
+// the real drivers do: its view of the VMs survives a restart of the
+// controller, operations are idempotent, and an unknown server is
+// driver.ErrNotFound.
 package fake
 
 import (
 	"context"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
 	"time"
 
 	"nimbus/internal/driver"
@@ -18,43 +28,613 @@ type Config struct {
 	// Delay scales every operation's simulated duration; 0 means instant.
 	Delay time.Duration
 	// StateFile, when set, is where the fleet keeps its view of which VMs
-	// run, so that it survives a restart as real VMs do.
+	// run, so that it survives a restart as real VMs do. Each VM is one
+	// small file in the directory StateFile+".d", replaced (temp file and
+	// rename) on every change, so a change costs the same with ten VMs or
+	// ten thousand.
 	StateFile string
 }
 
+// The operation names FailNext takes.
+const (
+	OpSpawn    = "spawn"
+	OpDestroy  = "destroy"
+	OpPowerOff = "power_off"
+	OpPowerOn  = "power_on"
+	OpReboot   = "reboot"
+	OpPause    = "pause"
+	OpUnpause  = "unpause"
+	OpSuspend  = "suspend"
+	OpResume   = "resume"
+	OpResize   = "resize"
+	OpSnapshot = "snapshot"
+)
+
+// How long each operation takes, in units of Config.Delay.
+var cost = map[string]int{
+	OpSpawn: 3, OpDestroy: 1, OpPowerOff: 1, OpPowerOn: 1, OpReboot: 2, OpPause: 1, OpUnpause: 1,
+	OpSuspend: 2, OpResume: 2, OpResize: 3, OpSnapshot: 2,
+}
+
+// maxConsoleLines bounds the console buffer each VM keeps.
+const maxConsoleLines = 300
+
+// vm is the fleet's record of one server.
+type vm struct {
+	ID      string            `json:"id"`
+	Host    string            `json:"host"`
+	Power   driver.PowerState `json:"power_state"`
+	Spec    driver.Spec       `json:"spec"`
+	Console []string          `json:"console"`
+	Boots   int               `json:"boots"`
+	Since   time.Time         `json:"since"`
+}
+
 // Driver is the fake driver.
-type Driver struct{ cfg Config }
+type Driver struct {
+	cfg   Config
+	mu    sync.Mutex
+	hosts []driver.Host
+	vms   map[string]*vm
+	fail  map[string][]error
+}
 
 var _ driver.Driver = (*Driver)(nil)
 
-// New makes a fake fleet.
-func New(cfg Config) (*Driver, error) { return &Driver{cfg: cfg}, nil }
-
-// DefaultFleet is the fleet a new install gets.
-func DefaultFleet() []driver.Host { return nil }
-
-var errTODO = errors.New("fake: not implemented yet")
-
-func (d *Driver) Name() string                                           { return "fake" }
-func (d *Driver) Hosts(ctx context.Context) ([]driver.Host, error)       { return d.cfg.Hosts, nil }
-func (d *Driver) Spawn(ctx context.Context, spec driver.Spec) error      { return errTODO }
-func (d *Driver) Destroy(ctx context.Context, id string) error           { return errTODO }
-func (d *Driver) PowerOff(ctx context.Context, id string, g bool) error  { return errTODO }
-func (d *Driver) PowerOn(ctx context.Context, id string) error           { return errTODO }
-func (d *Driver) Reboot(ctx context.Context, id string, hard bool) error { return errTODO }
-func (d *Driver) Pause(ctx context.Context, id string) error             { return errTODO }
-func (d *Driver) Unpause(ctx context.Context, id string) error           { return errTODO }
-func (d *Driver) Suspend(ctx context.Context, id string) error           { return errTODO }
-func (d *Driver) Resume(ctx context.Context, id string) error            { return errTODO }
-func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error     { return errTODO }
-func (d *Driver) Snapshot(ctx context.Context, id string) (int64, error) { return 0, errTODO }
-func (d *Driver) ConsoleOutput(ctx context.Context, id string, n int) (string, error) {
-	return "", errTODO
+// New makes a fake fleet, loading the VMs recorded in cfg.StateFile.
+func New(cfg Config) (*Driver, error) {
+	d := &Driver{cfg: cfg, vms: map[string]*vm{}, fail: map[string][]error{}}
+	now := time.Now().Unix()
+	for _, h := range cfg.Hosts {
+		if h.Zone == "" {
+			h.Zone = "nova"
+		}
+		if h.Hypervisor == "" {
+			h.Hypervisor = "fake"
+		}
+		if h.Version == 0 {
+			h.Version = 1000
+		}
+		if h.UptimeSince == 0 {
+			h.UptimeSince = now
+		}
+		d.hosts = append(d.hosts, h)
+	}
+	if dir := d.stateDir(); dir != "" {
+		entries, err := os.ReadDir(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("fake: %w", err)
+		}
+		for _, e := range entries {
+			if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			if err != nil {
+				return nil, fmt.Errorf("fake: %w", err)
+			}
+			var v vm
+			if err := json.Unmarshal(b, &v); err != nil || v.ID == "" {
+				return nil, fmt.Errorf("fake: %s: corrupt VM record: %v", e.Name(), err)
+			}
+			d.vms[v.ID] = &v
+		}
+	}
+	return d, nil
 }
-func (d *Driver) List(ctx context.Context) ([]driver.Instance, error) { return nil, errTODO }
-func (d *Driver) State(ctx context.Context, id string) (driver.PowerState, error) {
-	return 0, errTODO
+
+// DefaultFleet is the fleet a new install gets: four general hosts and one
+// GPU host in zone "nova".
+func DefaultFleet() []driver.Host {
+	var hosts []driver.Host
+	for i := 1; i <= 4; i++ {
+		hosts = append(hosts, driver.Host{
+			Name: fmt.Sprintf("fake-host-%d", i), IP: fmt.Sprintf("192.0.2.%d", 10+i),
+			VCPUs: 64, MemoryMB: 256 * 1024, DiskGB: 4000, Zone: "nova",
+			Hypervisor: "fake", Version: 1000, Up: true,
+		})
+	}
+	gpu := driver.Host{
+		Name: "fake-gpu-host-1", IP: "192.0.2.21", VCPUs: 96, MemoryMB: 512 * 1024, DiskGB: 8000,
+		Zone: "nova", Hypervisor: "fake", Version: 1000, Up: true,
+	}
+	for i := 0; i < 4; i++ {
+		gpu.GPUs = append(gpu.GPUs, driver.GPU{Address: fmt.Sprintf("0000:%02x:00.0", 0x3b+i), Vendor: "NVIDIA",
+			Model: "A100 80GB", NUMA: i / 2})
+	}
+	for i := 0; i < 2; i++ {
+		gpu.GPUs = append(gpu.GPUs, driver.GPU{Address: fmt.Sprintf("0000:%02x:00.0", 0x86+i), Vendor: "NVIDIA",
+			Model: "L4", NUMA: 1})
+	}
+	return append(hosts, gpu)
 }
 
 // LoadFleet reads a fleet description (a JSON list of hosts) from a file.
-func LoadFleet(path string) ([]driver.Host, error) { return nil, errTODO }
+// A host without "up" in the file is up.
+func LoadFleet(path string) ([]driver.Host, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("fake: fleet: %w", err)
+	}
+	var raw []map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("fake: fleet %s: %w", path, err)
+	}
+	var hosts []driver.Host
+	if err := json.Unmarshal(b, &hosts); err != nil {
+		return nil, fmt.Errorf("fake: fleet %s: %w", path, err)
+	}
+	seen := map[string]bool{}
+	for i := range hosts {
+		if _, ok := raw[i]["up"]; !ok {
+			hosts[i].Up = true
+		}
+		h := hosts[i]
+		if h.Name == "" {
+			return nil, fmt.Errorf("fake: fleet %s: host %d has no name", path, i+1)
+		}
+		if seen[h.Name] {
+			return nil, fmt.Errorf("fake: fleet %s: host %q listed twice", path, h.Name)
+		}
+		seen[h.Name] = true
+		if h.VCPUs <= 0 || h.MemoryMB <= 0 || h.DiskGB < 0 {
+			return nil, fmt.Errorf("fake: fleet %s: host %q needs vcpus and memory_mb", path, h.Name)
+		}
+	}
+	return hosts, nil
+}
+
+// FailNext makes the next call of op (OpSpawn, OpPowerOff, …) fail with err
+// instead of doing its work, for tests of error paths. Calls queue up.
+func (d *Driver) FailNext(op string, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.fail[op] = append(d.fail[op], err)
+}
+
+// SetHostUp marks a host up or down, as a hypervisor that stops answering.
+func (d *Driver) SetHostUp(name string, up bool) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := range d.hosts {
+		if d.hosts[i].Name == name {
+			d.hosts[i].Up = up
+			return true
+		}
+	}
+	return false
+}
+
+// Name is "fake".
+func (d *Driver) Name() string { return "fake" }
+
+// Hosts lists the fleet.
+func (d *Driver) Hosts(ctx context.Context) ([]driver.Host, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]driver.Host, len(d.hosts))
+	for i, h := range d.hosts {
+		h.GPUs = append([]driver.GPU(nil), h.GPUs...)
+		out[i] = h
+	}
+	return out, nil
+}
+
+// wait simulates the time op takes, then takes any injected failure.
+func (d *Driver) wait(ctx context.Context, op string) error {
+	if dl := time.Duration(cost[op]) * d.cfg.Delay; dl > 0 {
+		t := time.NewTimer(dl)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	} else if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q := d.fail[op]; len(q) > 0 {
+		err := q[0]
+		d.fail[op] = q[1:]
+		return err
+	}
+	return nil
+}
+
+// change runs f on the VM under the lock and saves the VM's record.
+func (d *Driver) change(id string, f func(v *vm) error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.vms[id]
+	if !ok {
+		return driver.ErrNotFound
+	}
+	if err := f(v); err != nil {
+		return err
+	}
+	return d.saveLocked(v)
+}
+
+func (d *Driver) stateDir() string {
+	if d.cfg.StateFile == "" {
+		return ""
+	}
+	return d.cfg.StateFile + ".d"
+}
+
+// recordPath is the file of one VM; ids that are not plain names are
+// hex-encoded so that no id can name a path outside the directory.
+func (d *Driver) recordPath(id string) string {
+	name := id
+	if strings.Trim(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != "" {
+		name = "x" + hex.EncodeToString([]byte(id))
+	}
+	return filepath.Join(d.stateDir(), name+".json")
+}
+
+// saveLocked writes a VM's record: a temp file renamed over the old one.
+// What only the guest needs at first boot (user data, admin password) is
+// not kept.
+func (d *Driver) saveLocked(v *vm) error {
+	dir := d.stateDir()
+	if dir == "" {
+		return nil
+	}
+	rec := *v
+	rec.Spec.UserData, rec.Spec.AdminPass = nil, ""
+	b, err := json.Marshal(&rec)
+	if err != nil {
+		return fmt.Errorf("fake: save: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("fake: save: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".vm-*")
+	if err != nil {
+		return fmt.Errorf("fake: save: %w", err)
+	}
+	_, werr := tmp.Write(b)
+	if err := tmp.Close(); werr == nil {
+		werr = err
+	}
+	if werr == nil {
+		werr = os.Rename(tmp.Name(), d.recordPath(v.ID))
+	}
+	if werr != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("fake: save: %w", werr)
+	}
+	return nil
+}
+
+func (d *Driver) removeLocked(id string) error {
+	if d.stateDir() == "" {
+		return nil
+	}
+	if err := os.Remove(d.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("fake: remove: %w", err)
+	}
+	return nil
+}
+
+func (d *Driver) hostLocked(name string) (driver.Host, bool) {
+	for _, h := range d.hosts {
+		if h.Name == name {
+			return h, true
+		}
+	}
+	return driver.Host{}, false
+}
+
+// console appends lines to a VM's serial console.
+func (v *vm) console(lines ...string) {
+	stamp := time.Since(v.Since).Seconds()
+	for _, l := range lines {
+		v.Console = append(v.Console, fmt.Sprintf("[%12.6f] %s", stamp, l))
+		stamp += 0.137
+	}
+	if n := len(v.Console); n > maxConsoleLines {
+		v.Console = append([]string(nil), v.Console[n-maxConsoleLines:]...)
+	}
+}
+
+// boot writes a plausible boot log.
+func (v *vm) boot() {
+	v.Boots++
+	host := v.Spec.Hostname
+	if host == "" {
+		host = v.Spec.Name
+	}
+	if host == "" {
+		host = "server-" + v.ID
+	}
+	if v.Spec.OSType == "windows" {
+		v.console("SeaBIOS (version 1.16.2)", "Booting from Hard Disk...",
+			"Windows Boot Manager", "cloudbase-init: setting hostname to "+host,
+			"cloudbase-init: plugins execution done")
+		return
+	}
+	v.console("Linux version 6.1.0-18-amd64 (debian-kernel@lists.debian.org) #1 SMP PREEMPT_DYNAMIC",
+		fmt.Sprintf("Command line: BOOT_IMAGE=/vmlinuz root=LABEL=cloudimg-rootfs ro console=ttyS0 (boot %d)", v.Boots),
+		fmt.Sprintf("smpboot: Allowing %d CPUs, 0 hotplug CPUs", v.Spec.VCPUs),
+		fmt.Sprintf("Memory: %dK available", v.Spec.MemoryMB*1024),
+		"EXT4-fs (vda1): mounted filesystem with ordered data mode.",
+		"systemd[1]: Reached target Network.",
+		"cloud-init[512]: Cloud-init v. 23.1 running 'init' at "+time.Now().UTC().Format(time.RFC1123Z),
+		"cloud-init[512]: ci-info: +++++++++++++++++++++++Net device info+++++++++++++++++++++++")
+	for _, ip := range v.Spec.FixedIPs {
+		v.console("cloud-init[512]: ci-info: | eth0 | True | " + ip + " |")
+	}
+	if v.Spec.KeyName != "" {
+		v.console("cloud-init[512]: ci-info: Authorized keys from key pair '" + v.Spec.KeyName + "' installed")
+	}
+	v.console("cloud-init[640]: Cloud-init v. 23.1 finished. Datasource DataSourceOpenStackLocal.",
+		"", host+" login: ")
+}
+
+// Spawn creates and boots a server on spec.Host; spawning an existing
+// server only makes sure it runs.
+func (d *Driver) Spawn(ctx context.Context, spec driver.Spec) error {
+	if spec.ServerID == "" {
+		return errors.New("fake: spawn: no server id")
+	}
+	if err := d.wait(ctx, OpSpawn); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if v, ok := d.vms[spec.ServerID]; ok {
+		if v.Power != driver.Running {
+			v.Power = driver.Running
+			v.boot()
+		}
+		return d.saveLocked(v)
+	}
+	h, ok := d.hostLocked(spec.Host)
+	if !ok {
+		return fmt.Errorf("fake: spawn %s: no host %q in the fleet", spec.ServerID, spec.Host)
+	}
+	if !h.Up {
+		return fmt.Errorf("fake: spawn %s: host %q is down", spec.ServerID, spec.Host)
+	}
+	spec.UserData = append([]byte(nil), spec.UserData...)
+	v := &vm{ID: spec.ServerID, Host: spec.Host, Power: driver.Running, Spec: spec, Since: time.Now()}
+	v.boot()
+	if err := d.saveLocked(v); err != nil {
+		return err
+	}
+	d.vms[v.ID] = v
+	return nil
+}
+
+// Destroy removes a server; an unknown server is not an error.
+func (d *Driver) Destroy(ctx context.Context, id string) error {
+	if err := d.wait(ctx, OpDestroy); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.vms[id]; !ok {
+		return nil
+	}
+	if err := d.removeLocked(id); err != nil {
+		return err
+	}
+	delete(d.vms, id)
+	return nil
+}
+
+// PowerOff stops a server.
+func (d *Driver) PowerOff(ctx context.Context, id string, graceful bool) error {
+	if err := d.exists(id); err != nil {
+		return err
+	}
+	if err := d.wait(ctx, OpPowerOff); err != nil {
+		return err
+	}
+	return d.change(id, func(v *vm) error {
+		if v.Power == driver.Shutdown {
+			return nil
+		}
+		if graceful {
+			v.console("", "systemd[1]: Stopping session-1.scope - Session 1 of User debian...",
+				"reboot: Power down")
+		}
+		v.Power = driver.Shutdown
+		return nil
+	})
+}
+
+// PowerOn starts a stopped server.
+func (d *Driver) PowerOn(ctx context.Context, id string) error {
+	if err := d.exists(id); err != nil {
+		return err
+	}
+	if err := d.wait(ctx, OpPowerOn); err != nil {
+		return err
+	}
+	return d.change(id, func(v *vm) error {
+		if v.Power == driver.Running {
+			return nil
+		}
+		if v.Power == driver.Paused {
+			return fmt.Errorf("fake: power on %s: server is paused", id)
+		}
+		v.Power = driver.Running
+		v.boot()
+		return nil
+	})
+}
+
+// Reboot restarts a server; a hard reboot also starts a stopped one.
+func (d *Driver) Reboot(ctx context.Context, id string, hard bool) error {
+	if err := d.exists(id); err != nil {
+		return err
+	}
+	if err := d.wait(ctx, OpReboot); err != nil {
+		return err
+	}
+	return d.change(id, func(v *vm) error {
+		if !hard && v.Power != driver.Running {
+			return fmt.Errorf("fake: soft reboot %s: server is not running", id)
+		}
+		if v.Power == driver.Running {
+			v.console("", "reboot: Restarting system")
+		}
+		v.Power = driver.Running
+		v.boot()
+		return nil
+	})
+}
+
+// transition moves a VM from one of the from states to to; being in to
+// already is success.
+func (d *Driver) transition(ctx context.Context, op, id string, to driver.PowerState, from ...driver.PowerState) error {
+	if err := d.exists(id); err != nil {
+		return err
+	}
+	if err := d.wait(ctx, op); err != nil {
+		return err
+	}
+	return d.change(id, func(v *vm) error {
+		if v.Power == to {
+			return nil
+		}
+		for _, f := range from {
+			if v.Power == f {
+				if to == driver.Running && v.Power == driver.Suspended {
+					v.console("PM: resume from suspend-to-disk")
+				}
+				v.Power = to
+				return nil
+			}
+		}
+		return fmt.Errorf("fake: %s %s: not possible in power state %d", strings.ReplaceAll(op, "_", " "), id, v.Power)
+	})
+}
+
+// Pause freezes a running server's vCPUs.
+func (d *Driver) Pause(ctx context.Context, id string) error {
+	return d.transition(ctx, OpPause, id, driver.Paused, driver.Running)
+}
+
+// Unpause thaws a paused server.
+func (d *Driver) Unpause(ctx context.Context, id string) error {
+	return d.transition(ctx, OpUnpause, id, driver.Running, driver.Paused)
+}
+
+// Suspend saves a server's memory to disk and stops it.
+func (d *Driver) Suspend(ctx context.Context, id string) error {
+	return d.transition(ctx, OpSuspend, id, driver.Suspended, driver.Running, driver.Paused)
+}
+
+// Resume brings a suspended server back.
+func (d *Driver) Resume(ctx context.Context, id string) error {
+	return d.transition(ctx, OpResume, id, driver.Running, driver.Suspended)
+}
+
+// Resize changes a server's CPU, RAM and disk; a running server reboots.
+func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
+	if err := d.exists(spec.ServerID); err != nil {
+		return err
+	}
+	if err := d.wait(ctx, OpResize); err != nil {
+		return err
+	}
+	return d.change(spec.ServerID, func(v *vm) error {
+		if spec.DiskGB > 0 && spec.DiskGB < v.Spec.DiskGB {
+			return fmt.Errorf("fake: resize %s: disk cannot shrink from %d to %d GB", v.ID, v.Spec.DiskGB, spec.DiskGB)
+		}
+		if spec.VCPUs > 0 {
+			v.Spec.VCPUs = spec.VCPUs
+		}
+		if spec.MemoryMB > 0 {
+			v.Spec.MemoryMB = spec.MemoryMB
+		}
+		if spec.DiskGB > 0 {
+			v.Spec.DiskGB = spec.DiskGB
+		}
+		if spec.Host != "" {
+			v.Host = spec.Host
+		}
+		if v.Power == driver.Running {
+			v.console("", "reboot: Restarting system")
+			v.boot()
+		}
+		return nil
+	})
+}
+
+// Snapshot copies a server's boot disk; the size is what a freshly
+// installed system occupies, growing with the number of boots.
+func (d *Driver) Snapshot(ctx context.Context, id string) (int64, error) {
+	if err := d.exists(id); err != nil {
+		return 0, err
+	}
+	if err := d.wait(ctx, OpSnapshot); err != nil {
+		return 0, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.vms[id]
+	if !ok {
+		return 0, driver.ErrNotFound
+	}
+	size := int64(1<<30) + int64(v.Boots)*(16<<20)
+	if max := int64(v.Spec.DiskGB) << 30; max > 0 && size > max {
+		size = max
+	}
+	return size, nil
+}
+
+// ConsoleOutput returns the last lines of the serial console.
+func (d *Driver) ConsoleOutput(ctx context.Context, id string, lines int) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.vms[id]
+	if !ok {
+		return "", driver.ErrNotFound
+	}
+	c := v.Console
+	if lines > 0 && lines < len(c) {
+		c = c[len(c)-lines:]
+	}
+	if len(c) == 0 {
+		return "", nil
+	}
+	return strings.Join(c, "\n") + "\n", nil
+}
+
+// List returns every server the fleet has.
+func (d *Driver) List(ctx context.Context) ([]driver.Instance, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]driver.Instance, 0, len(d.vms))
+	for _, v := range d.vms {
+		out = append(out, driver.Instance{ID: v.ID, Host: v.Host, Power: v.Power})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// State returns one server's power state.
+func (d *Driver) State(ctx context.Context, id string) (driver.PowerState, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.vms[id]
+	if !ok {
+		return driver.NoState, driver.ErrNotFound
+	}
+	return v.Power, nil
+}
+
+func (d *Driver) exists(id string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.vms[id]; !ok {
+		return driver.ErrNotFound
+	}
+	return nil
+}

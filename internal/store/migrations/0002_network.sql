@@ -141,3 +141,27 @@ CREATE TABLE floatingips (
 CREATE INDEX floatingips_port ON floatingips (port_id)
 -- next
 CREATE INDEX floatingips_project ON floatingips (project_id)
+-- next
+CREATE TABLE network_quotas (
+	project_id TEXT NOT NULL,
+	resource TEXT NOT NULL,
+	hard_limit BIGINT NOT NULL,
+	PRIMARY KEY (project_id, resource)
+)
+-- next
+CREATE TABLE routers (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL DEFAULT '',
+	project_id TEXT NOT NULL DEFAULT '',
+	description TEXT NOT NULL DEFAULT '',
+	admin_state_up INTEGER NOT NULL DEFAULT 1,
+	gw_network_id TEXT,
+	gw_port_id TEXT,
+	enable_snat INTEGER NOT NULL DEFAULT 1,
+	tags TEXT NOT NULL DEFAULT '[]',
+	created_at TEXT NOT NULL,
+	updated_at TEXT NOT NULL,
+	revision_number BIGINT NOT NULL DEFAULT 0
+)
+-- next
+CREATE INDEX routers_project ON routers (project_id)

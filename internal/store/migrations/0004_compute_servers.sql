@@ -54,3 +54,14 @@ CREATE TABLE compute_instance_actions (
 )
 -- next
 CREATE INDEX compute_instance_actions_server ON compute_instance_actions (server_id, start_time)
+-- next
+-- What the servers placed on each host hold, kept by every write of a
+-- server row (server_store.go saveServer), so that placement reads one
+-- small row per host instead of summing every server.
+CREATE TABLE compute_host_usage (
+    host      TEXT PRIMARY KEY,
+    servers   INTEGER NOT NULL DEFAULT 0,
+    vcpus     INTEGER NOT NULL DEFAULT 0,
+    memory_mb INTEGER NOT NULL DEFAULT 0,
+    disk_gb   INTEGER NOT NULL DEFAULT 0
+)

@@ -67,3 +67,9 @@ CREATE TABLE compute_services (
     updated_at      TEXT NOT NULL,
     UNIQUE (host, binary_name)
 )
+-- next
+CREATE TABLE compute_seeded (
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    PRIMARY KEY (kind, name)
+)

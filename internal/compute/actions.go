@@ -1,0 +1,775 @@
+package compute
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"nimbus/internal/image"
+	"strconv"
+
+	"nimbus/internal/api"
+	"nimbus/internal/driver"
+	"nimbus/internal/store"
+)
+
+// simpleAction is an action that only moves a server to a task state for
+// the reconcile loop: rule is the actionRules key, task the intent, record
+// the instance action name.
+type simpleAction struct {
+	rule, task, record string
+}
+
+var simpleActions = map[string]simpleAction{
+	"os-start":      {"start", taskPoweringOn, "start"},
+	"os-stop":       {"stop", taskPoweringOff, "stop"},
+	"pause":         {"pause", taskPausing, "pause"},
+	"unpause":       {"unpause", taskUnpausing, "unpause"},
+	"suspend":       {"suspend", taskSuspending, "suspend"},
+	"resume":        {"resume", taskResuming, "resume"},
+	"shelve":        {"shelve", taskShelving, "shelve"},
+	"shelveOffload": {"shelve_offload", taskShelvingOffloading, "shelveOffload"},
+	"revertResize":  {"revertResize", taskResizeReverting, "revertResize"},
+}
+
+// handleAction is POST /servers/{id}/action: a one-key body naming the action.
+func (s *Service) handleAction(r *http.Request) (*api.Response, error) {
+	var body map[string]json.RawMessage
+	if err := api.DecodeJSON(r, &body); err != nil {
+		return nil, err
+	}
+	if len(body) != 1 {
+		return nil, api.BadRequest("Malformed request body")
+	}
+	var name string
+	var arg json.RawMessage
+	for k, v := range body {
+		name, arg = k, v
+	}
+	if sa, ok := simpleActions[name]; ok {
+		return s.intentAction(r, sa, func(*store.Tx, *server) error { return nil })
+	}
+	switch name {
+	case "reboot":
+		return s.actReboot(r, arg)
+	case "unshelve":
+		return s.actUnshelve(r, arg)
+	case "resize":
+		return s.actResize(r, arg)
+	case "confirmResize":
+		return s.actConfirmResize(r)
+	case "rebuild":
+		return s.actRebuild(r, arg)
+	case "createImage":
+		return s.actCreateImage(r, arg)
+	case "lock":
+		return s.actLock(r, arg, true)
+	case "unlock":
+		return s.actLock(r, arg, false)
+	case "os-getConsoleOutput":
+		return s.actConsole(r, arg)
+	case "changePassword":
+		return s.actChangePassword(r, arg)
+	}
+	return nil, api.BadRequest("There is no such action: %s", name)
+}
+
+// intentAction runs one action's transaction: load the server, check the
+// state table, apply mutate, set the task state, record the action and
+// wake the reconcile loop.
+func (s *Service) intentAction(r *http.Request, sa simpleAction, mutate func(tx *store.Tx, sv *server) error) (*api.Response, error) {
+	_, err := s.intent(r, sa, mutate)
+	if err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusAccepted), nil
+}
+
+func (s *Service) intent(r *http.Request, sa simpleAction, mutate func(tx *store.Tx, sv *server) error) (*server, error) {
+	ctx := r.Context()
+	c := api.CallerFrom(ctx)
+	var out *server
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		sv, err := s.visibleServer(ctx, tx, r.PathValue("id"), true)
+		if err != nil {
+			return err
+		}
+		if err := checkState(sv, sa.rule, c); err != nil {
+			return err
+		}
+		if err := mutate(tx, sv); err != nil {
+			return err
+		}
+		sv.TaskState = sa.task
+		sv.Doc.RequestID = api.RequestID(ctx)
+		sv.Doc.Retries = 0
+		if err := s.recordAction(ctx, tx, sv.ID, sa.record); err != nil {
+			return err
+		}
+		if err := s.saveServer(ctx, tx, sv); err != nil {
+			return err
+		}
+		s.enqueueAfter(tx, sv.ID)
+		out = sv
+		return nil
+	})
+	return out, err
+}
+
+// nullOrObject decodes an action argument that may be null or an object.
+func nullOrObject(arg json.RawMessage, name string, allowed ...string) (map[string]json.RawMessage, error) {
+	if len(arg) == 0 || string(arg) == "null" {
+		return map[string]json.RawMessage{}, nil
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(arg, &obj); err != nil {
+		return nil, badField(name, arg, fmt.Sprintf("%s is not of type 'object', 'null'", arg))
+	}
+	if obj == nil {
+		obj = map[string]json.RawMessage{}
+	}
+	if err := api.UnknownFields(obj, allowed...); err != nil {
+		return nil, err
+	}
+	return obj, nil
+}
+
+func (s *Service) actReboot(r *http.Request, arg json.RawMessage) (*api.Response, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
+		return nil, badField("reboot", arg, fmt.Sprintf("%s is not of type 'object'", arg))
+	}
+	if err := api.UnknownFields(obj, "type"); err != nil {
+		return nil, err
+	}
+	t, err := strField(obj, "type")
+	if err != nil {
+		return nil, err
+	}
+	if t == nil {
+		return nil, badField("reboot", arg, "'type' is a required property")
+	}
+	switch *t {
+	case "SOFT", "soft":
+		return s.intentAction(r, simpleAction{"reboot", taskRebooting, "reboot"}, func(*store.Tx, *server) error { return nil })
+	case "HARD", "hard":
+		return s.intentAction(r, simpleAction{"reboot_hard", taskRebootingHard, "reboot"}, func(tx *store.Tx, sv *server) error {
+			sv.Doc.OldVMState = sv.VMState
+			return nil
+		})
+	}
+	return nil, api.BadRequest("Invalid input for field/attribute type. Value: %s. '%s' is not one of ['HARD', 'Hard', 'hard', 'SOFT', 'Soft', 'soft']", *t, *t)
+}
+
+func (s *Service) actUnshelve(r *http.Request, arg json.RawMessage) (*api.Response, error) {
+	v := VersionFrom(r.Context())
+	allowed := []string{}
+	if v.AtLeast(77) {
+		allowed = append(allowed, "availability_zone")
+	}
+	if v.AtLeast(91) {
+		allowed = append(allowed, "host")
+	}
+	obj, err := nullOrObject(arg, "unshelve", allowed...)
+	if err != nil {
+		return nil, err
+	}
+	// From 2.91 availability_zone may be null: unpin the server.
+	unpin := v.AtLeast(91) && string(obj["availability_zone"]) == "null"
+	var az *string
+	if !unpin {
+		if az, err = strField(obj, "availability_zone"); err != nil {
+			return nil, err
+		}
+	}
+	host, err := strField(obj, "host")
+	if err != nil {
+		return nil, err
+	}
+	if host != nil && !api.CallerFrom(r.Context()).IsAdmin() {
+		return nil, api.PolicyForbidden("os_compute_api:os-shelve:unshelve_to_host")
+	}
+	if az != nil || host != nil {
+		hosts, err := s.enabledHosts(r.Context())
+		if err != nil {
+			return nil, err
+		}
+		zoneOK, hostOK := az == nil, host == nil
+		for _, h := range hosts {
+			zoneOK = zoneOK || hostZone(h) == *az
+			hostOK = hostOK || (h.Name == *host && (az == nil || hostZone(h) == *az))
+		}
+		if !zoneOK {
+			return nil, api.BadRequest("The requested availability zone is not available")
+		}
+		if !hostOK {
+			return nil, api.BadRequest("Compute host %s could not be found.", *host)
+		}
+	}
+	return s.intentAction(r, simpleAction{"unshelve", taskUnshelving, "unshelve"}, func(tx *store.Tx, sv *server) error {
+		if (az != nil || unpin || host != nil) && sv.VMState != vmShelvedOffloaded {
+			return api.Conflict("The server status must be SHELVED_OFFLOADED to unshelve it to another availability zone or host.")
+		}
+		if az != nil {
+			sv.AZ = *az
+			sv.Doc.PinnedAZ = az
+		}
+		if unpin {
+			sv.Doc.PinnedAZ = nil
+		}
+		if host != nil {
+			sv.Doc.RequestedHost = *host
+		}
+		return nil
+	})
+}
+
+func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response, error) {
+	ctx := r.Context()
+	c := api.CallerFrom(ctx)
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
+		return nil, badField("resize", arg, fmt.Sprintf("%s is not of type 'object'", arg))
+	}
+	if err := api.UnknownFields(obj, "flavorRef", "OS-DCF:diskConfig"); err != nil {
+		return nil, err
+	}
+	raw, ok := obj["flavorRef"]
+	if !ok {
+		return nil, badField("resize", arg, "'flavorRef' is a required property")
+	}
+	var fr any
+	_ = json.Unmarshal(raw, &fr)
+	ref := ""
+	switch f := fr.(type) {
+	case string:
+		ref = f
+	case float64:
+		ref = strconv.FormatFloat(f, 'f', -1, 64)
+	default:
+		return nil, badField("flavorRef", raw, fmt.Sprintf("%s is not of type 'string', 'integer'", raw))
+	}
+	if ref == "" {
+		return nil, badField("flavorRef", raw, "'' is too short")
+	}
+	dc, err := strField(obj, "OS-DCF:diskConfig")
+	if err != nil {
+		return nil, err
+	}
+	if dc != nil && *dc != "AUTO" && *dc != "MANUAL" {
+		return nil, api.BadRequest("Invalid input for field/attribute OS-DCF:diskConfig. Value: %s. '%s' is not one of ['AUTO', 'MANUAL']", *dc, *dc)
+	}
+	nf, err := s.getFlavor(ctx, s.db, ref)
+	if err != nil {
+		return nil, notFoundAs(err, api.BadRequest("Unable to locate requested flavor."))
+	}
+	if ok, err := s.flavorAccessible(ctx, s.db, nf, c.ProjectID); err != nil {
+		return nil, err
+	} else if !ok || nf.Disabled {
+		return nil, api.BadRequest("Unable to locate requested flavor.")
+	}
+	hosts, err := s.enabledHosts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.intentAction(r, simpleAction{"resize", taskResizePrep, "resize"}, func(tx *store.Tx, sv *server) error {
+		old := sv.Doc.Flavor
+		if old.ID == nf.ID {
+			return api.BadRequest("When resizing, instances must change flavor!")
+		}
+		if nf.Disk < old.Disk && nf.Disk != 0 {
+			return api.BadRequest("Resize to a disk smaller than the current one is not possible.")
+		}
+		if nf.Disk == 0 && old.Disk != 0 {
+			return api.BadRequest("Resize to zero disk flavor is not allowed.")
+		}
+		if err := lockProjectQuota(ctx, tx, sv.ProjectID); err != nil {
+			return err
+		}
+		quota, err := s.quotaFor(ctx, tx, sv.ProjectID)
+		if err != nil {
+			return err
+		}
+		_, cores, ram, err := s.projectUsage(ctx, tx, sv.ProjectID)
+		if err != nil {
+			return err
+		}
+		if dv := nf.VCPUs - old.VCPUs; dv > 0 && quota.Cores >= 0 && cores+dv > quota.Cores {
+			return api.Forbidden("Quota exceeded for cores: Requested %d, but already used %d of %d cores", dv, cores, quota.Cores)
+		}
+		if dr := nf.RAM - old.RAM; dr > 0 && quota.RAM >= 0 && ram+dr > quota.RAM {
+			return api.Forbidden("Quota exceeded for ram: Requested %d, but already used %d of %d ram", dr, ram, quota.RAM)
+		}
+		// The target must fit on the server's host next to what it holds
+		// now (nova keeps both allocations until confirm or revert).
+		snap := snapOf(nf)
+		if err := lockPlacement(ctx, tx); err != nil {
+			return err
+		}
+		extra := need{max(0, snap.VCPUs-sv.VCPUs), max(0, snap.RAM-sv.MemoryMB), max(0, snap.diskGB()-sv.DiskGB)}
+		fits, err := s.fitsOn(ctx, tx, hosts, sv.Host, extra)
+		if err != nil {
+			return err
+		}
+		if !fits {
+			return api.BadRequest("No valid host was found. There are not enough hosts available.")
+		}
+		sv.Doc.OldFlavor = &old
+		sv.Doc.OldVMState = sv.VMState
+		sv.Doc.Flavor = snap
+		sv.FlavorID = nf.ID
+		sv.VCPUs, sv.MemoryMB, sv.DiskGB = max(sv.VCPUs, snap.VCPUs), max(sv.MemoryMB, snap.RAM), max(sv.DiskGB, snap.diskGB())
+		if dc != nil {
+			sv.Doc.DiskConfig = *dc
+		}
+		return nil
+	})
+}
+
+// actConfirmResize frees the old flavor at once: Nova answers 204 and the
+// server leaves VERIFY_RESIZE without driver work.
+func (s *Service) actConfirmResize(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	c := api.CallerFrom(ctx)
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		sv, err := s.visibleServer(ctx, tx, r.PathValue("id"), true)
+		if err != nil {
+			return err
+		}
+		if err := checkState(sv, "confirmResize", c); err != nil {
+			return err
+		}
+		sv.VMState = vmActive
+		if sv.Doc.OldVMState == vmStopped {
+			sv.VMState = vmStopped
+		}
+		sv.Doc.OldFlavor, sv.Doc.OldVMState = nil, ""
+		f := sv.Doc.Flavor
+		sv.VCPUs, sv.MemoryMB, sv.DiskGB = f.VCPUs, f.RAM, f.diskGB()
+		if err := s.recordAction(ctx, tx, sv.ID, "confirmResize"); err != nil {
+			return err
+		}
+		if err := s.finishAction(ctx, tx, sv.ID, api.RequestID(ctx), "compute_confirm_resize", sv.Host, s.now(), nil); err != nil {
+			return err
+		}
+		return s.saveServer(ctx, tx, sv)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusNoContent), nil
+}
+
+func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Response, error) {
+	ctx := r.Context()
+	v := VersionFrom(ctx)
+	c := api.CallerFrom(ctx)
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
+		return nil, badField("rebuild", arg, fmt.Sprintf("%s is not of type 'object'", arg))
+	}
+	allowed := []string{"imageRef", "name", "adminPass", "metadata", "preserve_ephemeral", "OS-DCF:diskConfig", "accessIPv4", "accessIPv6"}
+	if !v.AtLeast(57) {
+		allowed = append(allowed, "personality")
+	} else {
+		allowed = append(allowed, "user_data")
+	}
+	if v.AtLeast(19) {
+		allowed = append(allowed, "description")
+	}
+	if v.AtLeast(54) {
+		allowed = append(allowed, "key_name")
+	}
+	if v.AtLeast(63) {
+		allowed = append(allowed, "trusted_image_certificates")
+	}
+	if v.AtLeast(90) {
+		allowed = append(allowed, "hostname")
+	}
+	if err := api.UnknownFields(obj, allowed...); err != nil {
+		return nil, err
+	}
+	imgRef, err := strField(obj, "imageRef")
+	if err != nil {
+		return nil, err
+	}
+	if imgRef == nil {
+		return nil, badField("rebuild", arg, "'imageRef' is a required property")
+	}
+	if !uuidRE.MatchString(*imgRef) {
+		return nil, api.BadRequest("Invalid input for field/attribute imageRef. Value: %s. '%s' is not a 'uuid'", *imgRef, *imgRef)
+	}
+	name, err := strField(obj, "name")
+	if err != nil {
+		return nil, err
+	}
+	if name != nil {
+		if err := checkName("name", *name); err != nil {
+			return nil, err
+		}
+	}
+	pass, err := strField(obj, "adminPass")
+	if err != nil {
+		return nil, err
+	}
+	var meta map[string]string
+	if _, ok := obj["metadata"]; ok {
+		if meta, err = metadataField(obj, "metadata"); err != nil {
+			return nil, err
+		}
+	}
+	dc, err := strField(obj, "OS-DCF:diskConfig")
+	if err != nil {
+		return nil, err
+	}
+	if dc != nil && *dc != "AUTO" && *dc != "MANUAL" {
+		return nil, api.BadRequest("Invalid input for field/attribute OS-DCF:diskConfig. Value: %s. '%s' is not one of ['AUTO', 'MANUAL']", *dc, *dc)
+	}
+	ip4, err := strField(obj, "accessIPv4")
+	if err != nil {
+		return nil, err
+	}
+	ip6, err := strField(obj, "accessIPv6")
+	if err != nil {
+		return nil, err
+	}
+	if err := checkAccessIPs(ip4, ip6); err != nil {
+		return nil, err
+	}
+	desc, err := strField(obj, "description")
+	if err != nil {
+		return nil, err
+	}
+	_, hasDesc := obj["description"]
+	if desc != nil && len(*desc) > 255 {
+		return nil, api.BadRequest("Invalid input for field/attribute description. Value: %s. '%s' is too long", *desc, *desc)
+	}
+	var userData *string
+	_, hasUD := obj["user_data"]
+	if hasUD && string(obj["user_data"]) != "null" {
+		if userData, err = strField(obj, "user_data"); err != nil {
+			return nil, err
+		}
+		if len(*userData) > 65535 {
+			return nil, api.BadRequest("Invalid input for field/attribute user_data. Value is too long")
+		}
+		if _, err := base64Decode(*userData); err != nil {
+			return nil, api.BadRequest("User data needs to be valid base 64.")
+		}
+	}
+	var keyName *string
+	_, hasKey := obj["key_name"]
+	var kp *Keypair
+	if hasKey && string(obj["key_name"]) != "null" {
+		if keyName, err = strField(obj, "key_name"); err != nil {
+			return nil, err
+		}
+		if kp, err = s.getKeypair(ctx, s.db, c.UserID, *keyName); err != nil {
+			return nil, notFoundAs(err, api.BadRequest("Invalid key_name provided."))
+		}
+	}
+	hostname, err := strField(obj, "hostname")
+	if err != nil {
+		return nil, err
+	}
+	if hostname != nil {
+		if err := checkHostname(*hostname, v); err != nil {
+			return nil, err
+		}
+	}
+	img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), *imgRef)
+	if err != nil {
+		return nil, notFoundAs(err, api.BadRequest("Image %s could not be found.", *imgRef))
+	}
+	if img.Status != "active" {
+		return nil, api.BadRequest("Image %s is not active.", img.ID)
+	}
+	newPass := randomString(12, passChars)
+	if pass != nil {
+		newPass = *pass
+	}
+	sv, err := s.intent(r, simpleAction{"rebuild", taskRebuilding, "rebuild"}, func(tx *store.Tx, sv *server) error {
+		if img.MinRAM > sv.Doc.Flavor.RAM || (sv.Doc.Flavor.Disk > 0 && img.MinDisk > sv.Doc.Flavor.Disk) {
+			return api.BadRequest("Flavor's disk is too small for requested image.")
+		}
+		sv.ImageRef = img.ID
+		sv.Doc.OSType = img.Properties["os_type"]
+		sv.Doc.AdminPass = newPass
+		sv.Doc.OldVMState = sv.VMState
+		if name != nil {
+			sv.Name = *name
+		}
+		if meta != nil {
+			q, err := s.quotaFor(ctx, tx, sv.ProjectID)
+			if err != nil {
+				return err
+			}
+			if q.MetadataItems >= 0 && len(meta) > q.MetadataItems {
+				return api.Forbidden("Quota exceeded for metadata_items: Requested %d, but already used 0 of %d metadata_items", len(meta), q.MetadataItems)
+			}
+			sv.Doc.Metadata = meta
+		}
+		if dc != nil {
+			sv.Doc.DiskConfig = *dc
+		}
+		if ip4 != nil {
+			sv.Doc.AccessIPv4 = *ip4
+		}
+		if ip6 != nil {
+			sv.Doc.AccessIPv6 = *ip6
+		}
+		if hasDesc {
+			sv.Doc.Description = desc
+		}
+		if hasUD {
+			sv.Doc.UserData = userData
+		}
+		if hasKey {
+			sv.KeyName, sv.Doc.PublicKey = "", ""
+			if kp != nil {
+				sv.KeyName, sv.Doc.PublicKey = kp.Name, kp.PublicKey
+			}
+		}
+		if hostname != nil {
+			sv.Hostname = *hostname
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	vc, err := s.newViewCtx(r, []*server{sv})
+	if err != nil {
+		return nil, err
+	}
+	view := vc.serverView(sv, true)
+	view.set("adminPass", newPass)
+	return api.JSON(http.StatusAccepted, map[string]any{"server": view}), nil
+}
+
+func (s *Service) actCreateImage(r *http.Request, arg json.RawMessage) (*api.Response, error) {
+	ctx := r.Context()
+	v := VersionFrom(ctx)
+	c := api.CallerFrom(ctx)
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
+		return nil, badField("createImage", arg, fmt.Sprintf("%s is not of type 'object'", arg))
+	}
+	if err := api.UnknownFields(obj, "name", "metadata"); err != nil {
+		return nil, err
+	}
+	name, err := strField(obj, "name")
+	if err != nil {
+		return nil, err
+	}
+	if name == nil {
+		return nil, badField("createImage", arg, "'name' is a required property")
+	}
+	if err := checkName("name", *name); err != nil {
+		return nil, err
+	}
+	meta, err := metadataField(obj, "metadata")
+	if err != nil {
+		return nil, err
+	}
+	// The base image is read before the transaction (the image service
+	// uses its own connection).
+	pre, err := s.visibleServer(ctx, s.db, r.PathValue("id"), false)
+	if err != nil {
+		return nil, err
+	}
+	base := s.imageBase(ctx, pre.ImageRef)
+	var imageID string
+	_, err = s.intent(r, simpleAction{"createImage", taskImageSnapshot, "createImage"}, func(tx *store.Tx, sv *server) error {
+		props := map[string]string{"instance_uuid": sv.ID, "image_type": "snapshot", "user_id": c.UserID}
+		if sv.ImageRef != "" {
+			props["base_image_ref"] = sv.ImageRef
+		}
+		for k, v := range meta {
+			props[k] = v
+		}
+		img, err := s.images.CreateSnapshot(ctx, tx, sv.ProjectID, *name, props, base)
+		if err != nil {
+			return err
+		}
+		imageID = img.ID
+		sv.Doc.SnapshotID = img.ID
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if v.AtLeast(45) {
+		return api.JSON(http.StatusAccepted, map[string]any{"image_id": imageID}), nil
+	}
+	return api.Empty(http.StatusAccepted).WithHeader("Location", imageURL(r, imageID)), nil
+}
+
+func (s *Service) actLock(r *http.Request, arg json.RawMessage, lock bool) (*api.Response, error) {
+	ctx := r.Context()
+	v := VersionFrom(ctx)
+	c := api.CallerFrom(ctx)
+	var reason *string
+	if lock {
+		allowed := []string{}
+		if v.AtLeast(73) {
+			allowed = append(allowed, "locked_reason")
+		}
+		obj, err := nullOrObject(arg, "lock", allowed...)
+		if err != nil {
+			return nil, err
+		}
+		if reason, err = strField(obj, "locked_reason"); err != nil {
+			return nil, err
+		}
+		if reason != nil && len(*reason) > 255 {
+			return nil, api.BadRequest("Invalid input for field/attribute locked_reason. Value: %s. '%s' is too long", *reason, *reason)
+		}
+	} else if _, err := nullOrObject(arg, "unlock"); err != nil {
+		return nil, err
+	}
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		sv, err := s.visibleServer(ctx, tx, r.PathValue("id"), true)
+		if err != nil {
+			return err
+		}
+		if !lock && sv.Locked && sv.Doc.LockedBy == "admin" && !c.IsAdmin() {
+			return api.PolicyForbidden("os_compute_api:os-lock-server:unlock:unlock_override")
+		}
+		sv.Locked = lock
+		sv.Doc.LockedReason = nil
+		sv.Doc.LockedBy = ""
+		action := "unlock"
+		if lock {
+			action = "lock"
+			sv.Doc.LockedReason = reason
+			sv.Doc.LockedBy = "owner"
+			if c.IsAdmin() && c.ProjectID != sv.ProjectID {
+				sv.Doc.LockedBy = "admin"
+			}
+		}
+		if err := s.recordAction(ctx, tx, sv.ID, action); err != nil {
+			return err
+		}
+		if err := s.finishAction(ctx, tx, sv.ID, api.RequestID(ctx), "api_"+action, "", s.now(), nil); err != nil {
+			return err
+		}
+		return s.saveServer(ctx, tx, sv)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusAccepted), nil
+}
+
+func (s *Service) actConsole(r *http.Request, arg json.RawMessage) (*api.Response, error) {
+	ctx := r.Context()
+	obj, err := nullOrObject(arg, "os-getConsoleOutput", "length")
+	if err != nil {
+		return nil, err
+	}
+	lines := -1
+	if raw, ok := obj["length"]; ok && string(raw) != "null" {
+		var x any
+		_ = json.Unmarshal(raw, &x)
+		switch t := x.(type) {
+		case float64:
+			lines = int(t)
+			if float64(lines) != t {
+				return nil, badField("length", raw, fmt.Sprintf("%s is not of type 'integer', 'string', 'null'", raw))
+			}
+		case string:
+			n, err := strconv.Atoi(t)
+			if err != nil {
+				return nil, badField("length", raw, fmt.Sprintf("%s does not match '^-?[0-9]+$'", raw))
+			}
+			lines = n
+		default:
+			return nil, badField("length", raw, fmt.Sprintf("%s is not of type 'integer', 'string', 'null'", raw))
+		}
+		if lines < -1 {
+			return nil, badField("length", raw, fmt.Sprintf("%d is less than the minimum of -1", lines))
+		}
+	}
+	sv, err := s.visibleServer(ctx, s.db, r.PathValue("id"), false)
+	if err != nil {
+		return nil, err
+	}
+	if sv.Host == "" || sv.VMState == vmBuilding {
+		return nil, api.Conflict("Instance %s is not ready", sv.ID)
+	}
+	out, err := s.driver.ConsoleOutput(ctx, sv.ID, lines)
+	if err == driver.ErrNotFound {
+		return nil, api.NotFound("Guest does not have a console available.")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"output": out}), nil
+}
+
+func (s *Service) actChangePassword(r *http.Request, arg json.RawMessage) (*api.Response, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
+		return nil, badField("changePassword", arg, fmt.Sprintf("%s is not of type 'object'", arg))
+	}
+	if err := api.UnknownFields(obj, "adminPass"); err != nil {
+		return nil, err
+	}
+	p, err := strField(obj, "adminPass")
+	if err != nil {
+		return nil, err
+	}
+	if p == nil {
+		return nil, badField("changePassword", arg, "'adminPass' is a required property")
+	}
+	ctx := r.Context()
+	c := api.CallerFrom(ctx)
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
+		sv, err := s.visibleServer(ctx, tx, r.PathValue("id"), true)
+		if err != nil {
+			return err
+		}
+		if err := checkState(sv, "changePassword", c); err != nil {
+			return err
+		}
+		sv.Doc.AdminPass = *p
+		if err := s.recordAction(ctx, tx, sv.ID, "changePassword"); err != nil {
+			return err
+		}
+		if err := s.finishAction(ctx, tx, sv.ID, api.RequestID(ctx), "compute_set_admin_password", sv.Host, s.now(), nil); err != nil {
+			return err
+		}
+		return s.saveServer(ctx, tx, sv)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusAccepted), nil
+}
+
+// imageBase is the image a server was built from, for the snapshot's
+// formats and OS properties; nil when it is gone.
+func (s *Service) imageBase(ctx context.Context, id string) *image.Image {
+	if id == "" {
+		return nil
+	}
+	img, err := s.images.Get(ctx, "", true, id)
+	if err != nil {
+		return nil
+	}
+	return img
+}
+
+// imageURL is the Location of a createImage answer before 2.45
+// (nova/api/openstack/compute/servers.py _action_create_image).
+func imageURL(r *http.Request, id string) string {
+	p := ""
+	if pid := projectInURL(r.Context()); pid != "" {
+		p = "/" + pid
+	}
+	return api.BaseURL(r) + "/v2.1" + p + "/images/" + id
+}
+
+func base64Decode(s string) ([]byte, error) { return base64.StdEncoding.DecodeString(s) }

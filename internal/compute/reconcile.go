@@ -1,0 +1,409 @@
+package compute
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"nimbus/internal/api"
+	"nimbus/internal/driver"
+	"nimbus/internal/store"
+)
+
+// The reconcile loop: API handlers write a server's intent (vm_state and
+// task_state) and enqueue its id after commit; workers take ids from a
+// deduplicating queue and walk each server through the driver one step at
+// a time, writing every state change in its own small transaction, until
+// the server rests (task_state null). A restart re-enqueues every server
+// with a task state, so an interrupted task resumes where it was.
+
+// workers is how many servers are driven at once.
+const workers = 8
+
+// workQueue is a FIFO of server ids in which an id appears at most once;
+// an id enqueued while a worker holds it is handed out again afterwards.
+type workQueue struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	order   []string
+	queued  map[string]bool
+	running map[string]bool
+	again   map[string]bool
+	closed  bool
+
+	// fresh holds, per server id, the row a worker's last step committed,
+	// so that the next step need not read it again. Only the worker that
+	// holds the id uses its entry; a stale entry costs at most a wasted
+	// driver call, since every commit re-checks the task state.
+	fresh sync.Map
+}
+
+func newWorkQueue() *workQueue {
+	q := &workQueue{queued: map[string]bool{}, running: map[string]bool{}, again: map[string]bool{}}
+	q.cond = sync.NewCond(&q.mu)
+	return q
+}
+
+func (q *workQueue) add(id string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case q.running[id]:
+		q.again[id] = true
+	case !q.queued[id]:
+		q.queued[id] = true
+		q.order = append(q.order, id)
+		q.cond.Signal()
+	}
+}
+
+// take blocks for the next id; ok is false once the queue is closed.
+func (q *workQueue) take() (string, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for len(q.order) == 0 && !q.closed {
+		q.cond.Wait()
+	}
+	if q.closed {
+		return "", false
+	}
+	id := q.order[0]
+	q.order = q.order[1:]
+	delete(q.queued, id)
+	q.running[id] = true
+	return id, true
+}
+
+func (q *workQueue) done(id string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.running, id)
+	if q.again[id] {
+		delete(q.again, id)
+		q.queued[id] = true
+		q.order = append(q.order, id)
+		q.cond.Signal()
+	}
+}
+
+func (q *workQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.cond.Broadcast()
+}
+
+// enqueue asks the reconcile loop to look at a server.
+func (s *Service) enqueue(id string) { s.queue.add(id) }
+
+// Run drives the reconcile loop until ctx ends: it resumes every unfinished
+// task found in the store, then serves new ones.
+func (s *Service) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				id, ok := s.queue.take()
+				if !ok {
+					return
+				}
+				s.reconcile(ctx, id)
+				s.queue.done(id)
+			}
+		}()
+	}
+	s.resume(ctx)
+	<-ctx.Done()
+	s.queue.close()
+	wg.Wait()
+}
+
+// resume enqueues servers with unfinished tasks and squares the driver's
+// view with the store (nova/compute/manager.py init_host and
+// _sync_power_states).
+func (s *Service) resume(ctx context.Context) {
+	rows, err := s.db.Query(ctx, `SELECT id FROM compute_servers WHERE deleted=0 AND (task_state<>'' OR vm_state=?)`, vmBuilding)
+	if err != nil {
+		s.log.Error("reconcile: resume query failed", "error", err)
+		return
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if rows.Scan(&id) == nil {
+			ids = append(ids, id)
+		}
+	}
+	rows.Close()
+	for _, id := range ids {
+		s.enqueue(id)
+	}
+	insts, err := s.driver.List(ctx)
+	if err != nil {
+		s.log.Warn("reconcile: driver list failed", "error", err)
+		return
+	}
+	seen := map[string]driver.Instance{}
+	for _, in := range insts {
+		seen[in.ID] = in
+		sv, err := s.loadServer(ctx, s.db, in.ID, false)
+		if errors.Is(err, store.ErrNotFound) || (err == nil && sv.Deleted) {
+			// A VM whose server is gone: destroy it.
+			if err := s.driver.Destroy(ctx, in.ID); err != nil {
+				s.log.Warn("reconcile: destroy orphan failed", "server", in.ID, "error", err)
+			}
+			continue
+		}
+	}
+	// Servers that should run: sync power states as Nova's periodic task does.
+	rows, err = s.db.Query(ctx, `SELECT id, power_state FROM compute_servers WHERE deleted=0 AND task_state='' AND host<>''
+ AND vm_state IN (?,?,?,?)`, vmActive, vmStopped, vmPaused, vmSuspended)
+	if err != nil {
+		return
+	}
+	type ps struct {
+		id    string
+		power int
+	}
+	var check []ps
+	for rows.Next() {
+		var p ps
+		if rows.Scan(&p.id, &p.power) == nil {
+			check = append(check, p)
+		}
+	}
+	rows.Close()
+	for _, p := range check {
+		in, ok := seen[p.id]
+		power := int(driver.NoState)
+		if ok {
+			power = int(in.Power)
+		}
+		if power == p.power {
+			continue
+		}
+		err := s.db.Tx(ctx, func(tx *store.Tx) error {
+			sv, err := s.loadServer(ctx, tx, p.id, true)
+			if err != nil || sv.TaskState != "" || sv.Deleted {
+				return err
+			}
+			sv.Power = power
+			// A VM found stopped while the server should run is stopped
+			// in the store too (nova _sync_instance_power_state).
+			if sv.VMState == vmActive && (power == int(driver.Shutdown) || power == int(driver.Crashed)) {
+				sv.VMState = vmStopped
+			}
+			return s.saveServer(ctx, tx, sv)
+		})
+		if err != nil {
+			s.log.Warn("reconcile: power sync failed", "server", p.id, "error", err)
+		}
+	}
+}
+
+// stepResult is what a driver step asks to write.
+type stepResult func(tx *store.Tx, sv *server) error
+
+// reconcile walks one server until it rests or ctx ends.
+func (s *Service) reconcile(ctx context.Context, id string) {
+	defer s.queue.fresh.Delete(id)
+	for i := 0; i < 32 && ctx.Err() == nil; i++ {
+		var sv *server
+		var err error
+		if v, ok := s.queue.fresh.LoadAndDelete(id); ok {
+			sv = v.(*server)
+		} else {
+			sv, err = s.loadServer(ctx, s.db, id, false)
+		}
+		if err != nil {
+			if !errors.Is(err, store.ErrNotFound) {
+				s.log.Error("reconcile: load failed", "server", id, "error", err)
+			}
+			return
+		}
+		if sv.Deleted || (sv.TaskState == "" && sv.VMState != vmBuilding) {
+			return
+		}
+		if !s.step(ctx, sv) {
+			return
+		}
+	}
+}
+
+// commit writes a step's result if the server still has the task state the
+// step worked on: a newer intent (such as a delete during a build) wins.
+func (s *Service) commit(ctx context.Context, id, task string, f stepResult) error {
+	var written *server
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		written = nil
+		sv, err := s.loadServer(ctx, tx, id, true)
+		if err != nil {
+			return err
+		}
+		if sv.TaskState != task || sv.Deleted {
+			return nil
+		}
+		if err := f(tx, sv); err != nil {
+			return err
+		}
+		written = sv
+		return nil
+	})
+	if err == nil && written != nil {
+		s.queue.fresh.Store(id, written)
+	}
+	return err
+}
+
+// finish closes the action and writes the server in tx.
+func (s *Service) finish(ctx context.Context, tx store.Querier, sv *server, event string, started time.Time, failure error) error {
+	if err := s.finishAction(ctx, tx, sv.ID, sv.Doc.RequestID, event, sv.Host, started, failure); err != nil {
+		return err
+	}
+	return s.saveServer(ctx, tx, sv)
+}
+
+// retry runs a driver call with backoff for transient failures.
+func retry(ctx context.Context, f func() error) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = f(); err == nil || errors.Is(err, context.Canceled) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(25<<(2*attempt)) * time.Millisecond):
+		}
+	}
+	return err
+}
+
+func (s *Service) spec(sv *server) driver.Spec {
+	sp := driver.Spec{ServerID: sv.ID, Name: sv.Name, Hostname: sv.Hostname, ProjectID: sv.ProjectID, Host: sv.Host,
+		VCPUs: sv.Doc.Flavor.VCPUs, MemoryMB: sv.Doc.Flavor.RAM, DiskGB: sv.Doc.Flavor.diskGB(), ImageID: sv.ImageRef,
+		OSType: sv.Doc.OSType, KeyName: sv.KeyName, PublicKey: sv.Doc.PublicKey, AdminPass: sv.Doc.AdminPass,
+		Metadata: sv.Doc.Metadata}
+	if sp.OSType == "" {
+		sp.OSType = "linux"
+	}
+	if sv.Doc.UserData != nil {
+		if b, err := base64Decode(*sv.Doc.UserData); err == nil {
+			sp.UserData = b
+		}
+	}
+	if img := sv.Doc.Metadata["shelved_image_id"]; img != "" && sv.VMState == vmShelvedOffloaded {
+		sp.ImageID = img
+	}
+	return sp
+}
+
+// fail puts a server in ERROR with a fault after a failed driver step;
+// release also frees its host and network (a build that never ran).
+func (s *Service) fail(ctx context.Context, sv *server, task, event string, started time.Time, cause error, release bool) error {
+	if ctx.Err() != nil {
+		return ctx.Err() // shutting down: the step resumes after a restart
+	}
+	s.log.Warn("reconcile: step failed", "server", sv.ID, "task", task, "error", cause)
+	msg, code := cause.Error(), 500
+	var ae *api.Error
+	if errors.As(cause, &ae) {
+		code, msg = ae.Status, ae.Message
+	}
+	return s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
+		cur.VMState, cur.TaskState = vmError, ""
+		cur.Doc.Fault = &faultDoc{Code: code, Message: msg, Details: cause.Error(), Created: s.now()}
+		if release {
+			if err := s.networks.ReleaseServer(ctx, tx, cur.ID); err != nil {
+				return err
+			}
+			cur.Host, cur.Power = "", int(driver.NoState)
+		}
+		return s.finish(ctx, tx, cur, event, started, cause)
+	})
+}
+
+// step performs the next step for sv; it reports whether to look again.
+func (s *Service) step(ctx context.Context, sv *server) bool {
+	started := s.now()
+	task := sv.TaskState
+	var err error
+	switch {
+	case task == taskDeleting:
+		err = s.stepDelete(ctx, sv, started)
+	case sv.VMState == vmBuilding && task == taskScheduling:
+		err = s.stepSchedule(ctx, sv, started)
+	case sv.VMState == vmBuilding && task == taskNone:
+		err = s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
+			cur.TaskState = taskSpawning
+			if cur.Host == "" {
+				cur.TaskState = taskScheduling
+			}
+			return s.saveServer(ctx, tx, cur)
+		})
+	case sv.VMState == vmBuilding && task == taskSpawning:
+		err = s.stepSpawn(ctx, sv, started, "compute_build_and_run_instance")
+	case task == taskPoweringOff:
+		err = s.simpleStep(ctx, sv, started, "compute_stop_instance", func() error { return s.driver.PowerOff(ctx, sv.ID, true) }, vmStopped, driver.Shutdown)
+	case task == taskPoweringOn:
+		err = s.simpleStep(ctx, sv, started, "compute_start_instance", func() error { return s.driver.PowerOn(ctx, sv.ID) }, vmActive, driver.Running)
+	case task == taskRebooting:
+		err = s.simpleStep(ctx, sv, started, "compute_reboot_instance", func() error { return s.driver.Reboot(ctx, sv.ID, false) }, vmActive, driver.Running)
+	case task == taskRebootingHard:
+		err = s.simpleStep(ctx, sv, started, "compute_reboot_instance", func() error { return s.driver.Reboot(ctx, sv.ID, true) }, vmActive, driver.Running)
+	case task == taskPausing:
+		err = s.simpleStep(ctx, sv, started, "compute_pause_instance", func() error { return s.driver.Pause(ctx, sv.ID) }, vmPaused, driver.Paused)
+	case task == taskUnpausing:
+		err = s.simpleStep(ctx, sv, started, "compute_unpause_instance", func() error { return s.driver.Unpause(ctx, sv.ID) }, vmActive, driver.Running)
+	case task == taskSuspending:
+		err = s.simpleStep(ctx, sv, started, "compute_suspend_instance", func() error { return s.driver.Suspend(ctx, sv.ID) }, vmSuspended, driver.Suspended)
+	case task == taskResuming:
+		err = s.simpleStep(ctx, sv, started, "compute_resume_instance", func() error { return s.driver.Resume(ctx, sv.ID) }, vmActive, driver.Running)
+	case task == taskShelving:
+		err = s.stepShelve(ctx, sv, started)
+	case task == taskShelvingOffloading:
+		err = s.stepOffload(ctx, sv, started)
+	case task == taskUnshelving:
+		err = s.stepUnshelve(ctx, sv, started)
+	case sv.VMState == vmShelvedOffloaded && task == taskSpawning:
+		err = s.stepSpawn(ctx, sv, started, "compute_unshelve_instance")
+	case task == taskResizePrep:
+		err = s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
+			cur.TaskState = taskResizeMigrating
+			return s.saveServer(ctx, tx, cur)
+		})
+	case task == taskResizeMigrating:
+		err = s.stepResize(ctx, sv, started)
+	case task == taskResizeFinish:
+		err = s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
+			cur.VMState, cur.TaskState = vmResized, ""
+			return s.finish(ctx, tx, cur, "compute_finish_resize", started, nil)
+		})
+	case task == taskResizeReverting:
+		err = s.stepRevert(ctx, sv, started)
+	case task == taskRebuilding:
+		err = s.stepRebuild(ctx, sv, started)
+	case task == taskRebuildSpawning:
+		err = s.stepRebuildSpawn(ctx, sv, started)
+	case task == taskImageSnapshot:
+		err = s.stepSnapshot(ctx, sv, started)
+	default:
+		// A task this loop does not drive: clear it so the server is usable.
+		s.log.Warn("reconcile: unknown task state cleared", "server", sv.ID, "vm_state", sv.VMState, "task_state", task)
+		err = s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
+			cur.TaskState = ""
+			return s.saveServer(ctx, tx, cur)
+		})
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("reconcile: step failed to commit", "server", sv.ID, "task", task, "error", err)
+			time.Sleep(50 * time.Millisecond)
+		}
+		return ctx.Err() == nil
+	}
+	return true
+}

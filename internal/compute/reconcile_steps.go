@@ -1,0 +1,331 @@
+package compute
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"nimbus/internal/driver"
+	"nimbus/internal/store"
+)
+
+// simpleStep runs one driver call and, on success, moves the server to vm
+// with power p and no task.
+func (s *Service) simpleStep(ctx context.Context, sv *server, started time.Time, event string, call func() error, vm string, p driver.PowerState) error {
+	task := sv.TaskState
+	if err := retry(ctx, call); err != nil {
+		return s.fail(ctx, sv, task, event, started, err, false)
+	}
+	return s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
+		cur.VMState, cur.TaskState, cur.Power = vm, "", int(p)
+		return s.finish(ctx, tx, cur, event, started, nil)
+	})
+}
+
+// place chooses a host among hosts for sv inside tx and records it;
+// errNoValidHost when nothing fits. The hosts are read before the
+// transaction: enabledHosts may use its own connection or transaction,
+// which must not wait on ours.
+func (s *Service) place(ctx context.Context, tx *store.Tx, hosts []driver.Host, cur *server) error {
+	if err := lockPlacement(ctx, tx); err != nil {
+		return err
+	}
+	zone := ""
+	if cur.Doc.PinnedAZ != nil {
+		zone = *cur.Doc.PinnedAZ
+	}
+	f := cur.Doc.Flavor
+	if cur.Doc.RequestedHost != "" {
+		// An admin's requested host (2.74 create, 2.91 unshelve) is the
+		// only candidate.
+		var only []driver.Host
+		for _, h := range hosts {
+			if h.Name == cur.Doc.RequestedHost {
+				only = append(only, h)
+			}
+		}
+		hosts = only
+	}
+	host, err := s.chooseHost(ctx, tx, hosts, zone, need{f.VCPUs, f.RAM, f.diskGB()}, "")
+	if err != nil {
+		return err
+	}
+	for _, h := range hosts {
+		if h.Name == host {
+			cur.AZ = hostZone(h)
+		}
+	}
+	cur.Host = host
+	cur.VCPUs, cur.MemoryMB, cur.DiskGB = f.VCPUs, f.RAM, f.diskGB()
+	return nil
+}
+
+func (s *Service) stepSchedule(ctx context.Context, sv *server, started time.Time) error {
+	hosts, err := s.enabledHosts(ctx)
+	if err != nil {
+		return err
+	}
+	err = s.commit(ctx, sv.ID, taskScheduling, func(tx *store.Tx, cur *server) error {
+		if err := s.place(ctx, tx, hosts, cur); err != nil {
+			return err
+		}
+		cur.TaskState = ""
+		return s.saveServer(ctx, tx, cur)
+	})
+	if errors.Is(err, errNoValidHost) {
+		return s.fail(ctx, sv, taskScheduling, "conductor_schedule_and_build_instances", started, err, true)
+	}
+	return err
+}
+
+// stepSpawn boots a placed server (build, or unshelve of an offloaded one).
+func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, event string) error {
+	spec := s.spec(sv)
+	if err := retry(ctx, func() error { return s.driver.Spawn(ctx, spec) }); err != nil {
+		if ctx.Err() == nil {
+			_ = s.driver.Destroy(ctx, sv.ID)
+		}
+		return s.fail(ctx, sv, taskSpawning, event, started, err, sv.VMState == vmBuilding)
+	}
+	shelvedImage := ""
+	err := s.commit(ctx, sv.ID, taskSpawning, func(tx *store.Tx, cur *server) error {
+		if cur.VMState == vmBuilding {
+			now := s.now()
+			cur.LaunchedAt = &now
+		}
+		if img := cur.Doc.Metadata["shelved_image_id"]; img != "" {
+			shelvedImage = img
+			for _, k := range []string{"shelved_image_id", "shelved_at", "shelved_host"} {
+				delete(cur.Doc.Metadata, k)
+			}
+		}
+		cur.VMState, cur.TaskState, cur.Power = vmActive, "", int(driver.Running)
+		cur.Doc.AdminPass, cur.Doc.RequestedHost = "", ""
+		cur.Doc.Fault = nil
+		return s.finish(ctx, tx, cur, event, started, nil)
+	})
+	if err == nil && shelvedImage != "" {
+		// Nova deletes the shelved snapshot once the server is back.
+		if derr := s.images.Delete(ctx, shelvedImage); derr != nil {
+			s.log.Warn("reconcile: shelved image delete failed", "image", shelvedImage, "error", derr)
+		}
+	}
+	return err
+}
+
+func (s *Service) stepDelete(ctx context.Context, sv *server, started time.Time) error {
+	if sv.Host != "" || sv.LaunchedAt != nil {
+		if err := retry(ctx, func() error { return s.driver.Destroy(ctx, sv.ID) }); err != nil && !errors.Is(err, driver.ErrNotFound) {
+			return s.fail(ctx, sv, taskDeleting, "compute_terminate_instance", started, err, false)
+		}
+	}
+	shelved := sv.Doc.Metadata["shelved_image_id"]
+	err := s.commit(ctx, sv.ID, taskDeleting, func(tx *store.Tx, cur *server) error {
+		if err := s.networks.ReleaseServer(ctx, tx, cur.ID); err != nil {
+			return err
+		}
+		now := s.now()
+		cur.VMState, cur.TaskState, cur.Power = vmDeleted, "", int(driver.NoState)
+		cur.Deleted = true
+		cur.TerminatedAt = &now
+		return s.finish(ctx, tx, cur, "compute_terminate_instance", started, nil)
+	})
+	if err == nil && shelved != "" {
+		_ = s.images.Delete(ctx, shelved)
+	}
+	return err
+}
+
+// zeroReader stands for a snapshot's bytes: the driver reports a size and
+// the image service stores what it is given.
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// maxSnapshotBytes caps the stand-in data stored for a snapshot: the
+// driver reports the disk's size, but copying gigabytes of zeros per
+// snapshot would only burn the controller's disk.
+const maxSnapshotBytes = 1 << 20
+
+// snapshot copies a server's disk into image id.
+func (s *Service) snapshot(ctx context.Context, sv *server, imageID string) error {
+	size, err := s.driver.Snapshot(ctx, sv.ID)
+	if err != nil {
+		return err
+	}
+	return s.images.FinishSnapshot(ctx, imageID, io.LimitReader(zeroReader{}, min(size, maxSnapshotBytes)))
+}
+
+func (s *Service) stepShelve(ctx context.Context, sv *server, started time.Time) error {
+	// The shelved image is made in its own transaction; when the image
+	// service cannot make one the server is shelved without it.
+	imageID := sv.Doc.Metadata["shelved_image_id"]
+	if imageID == "" {
+		var base = s.imageBase(ctx, sv.ImageRef)
+		err := s.db.Tx(ctx, func(tx *store.Tx) error {
+			img, err := s.images.CreateSnapshot(ctx, tx, sv.ProjectID, sv.Name+"-shelved",
+				map[string]string{"instance_uuid": sv.ID, "image_type": "snapshot", "base_image_ref": sv.ImageRef}, base)
+			if err != nil {
+				return err
+			}
+			imageID = img.ID
+			return nil
+		})
+		if err != nil {
+			s.log.Warn("reconcile: shelve snapshot unavailable", "server", sv.ID, "error", err)
+			imageID = ""
+		} else if err := s.snapshot(ctx, sv, imageID); err != nil {
+			s.log.Warn("reconcile: shelve snapshot failed", "server", sv.ID, "error", err)
+			_ = s.images.Delete(ctx, imageID)
+			imageID = ""
+		}
+	}
+	if err := retry(ctx, func() error { return s.driver.PowerOff(ctx, sv.ID, true) }); err != nil {
+		return s.fail(ctx, sv, taskShelving, "compute_shelve_instance", started, err, false)
+	}
+	return s.commit(ctx, sv.ID, taskShelving, func(tx *store.Tx, cur *server) error {
+		cur.VMState, cur.TaskState, cur.Power = vmShelved, taskShelvingOffloading, int(driver.Shutdown)
+		cur.Doc.Metadata["shelved_at"] = usgTime(s.now())
+		cur.Doc.Metadata["shelved_host"] = cur.Host
+		if imageID != "" {
+			cur.Doc.Metadata["shelved_image_id"] = imageID
+		}
+		return s.saveServer(ctx, tx, cur)
+	})
+}
+
+func (s *Service) stepOffload(ctx context.Context, sv *server, started time.Time) error {
+	if err := retry(ctx, func() error { return s.driver.Destroy(ctx, sv.ID) }); err != nil {
+		return s.fail(ctx, sv, taskShelvingOffloading, "compute_shelve_offload_instance", started, err, false)
+	}
+	return s.commit(ctx, sv.ID, taskShelvingOffloading, func(tx *store.Tx, cur *server) error {
+		cur.VMState, cur.TaskState, cur.Power = vmShelvedOffloaded, "", int(driver.Shutdown)
+		cur.Host = ""
+		return s.finish(ctx, tx, cur, "compute_shelve_offload_instance", started, nil)
+	})
+}
+
+func (s *Service) stepUnshelve(ctx context.Context, sv *server, started time.Time) error {
+	if sv.VMState == vmShelved {
+		// Not offloaded yet: the VM is still on its host.
+		return s.simpleStep(ctx, sv, started, "compute_unshelve_instance", func() error { return s.driver.PowerOn(ctx, sv.ID) }, vmActive, driver.Running)
+	}
+	hosts, err := s.enabledHosts(ctx)
+	if err != nil {
+		return err
+	}
+	err = s.commit(ctx, sv.ID, taskUnshelving, func(tx *store.Tx, cur *server) error {
+		if err := s.place(ctx, tx, hosts, cur); err != nil {
+			return err
+		}
+		cur.TaskState = taskSpawning
+		cur.Doc.RequestedHost = ""
+		return s.saveServer(ctx, tx, cur)
+	})
+	if errors.Is(err, errNoValidHost) {
+		// Nova leaves the server shelved-offloaded when no host fits.
+		return s.commit(ctx, sv.ID, taskUnshelving, func(tx *store.Tx, cur *server) error {
+			cur.TaskState = ""
+			return s.finish(ctx, tx, cur, "compute_unshelve_instance", started, err)
+		})
+	}
+	return err
+}
+
+func (s *Service) stepResize(ctx context.Context, sv *server, started time.Time) error {
+	spec := s.spec(sv)
+	if err := retry(ctx, func() error { return s.driver.Resize(ctx, spec) }); err != nil {
+		return s.fail(ctx, sv, taskResizeMigrating, "compute_resize_instance", started, err, false)
+	}
+	return s.commit(ctx, sv.ID, taskResizeMigrating, func(tx *store.Tx, cur *server) error {
+		cur.TaskState = taskResizeFinish
+		if p, err := s.driver.State(ctx, cur.ID); err == nil {
+			cur.Power = int(p)
+		}
+		return s.saveServer(ctx, tx, cur)
+	})
+}
+
+func (s *Service) stepRevert(ctx context.Context, sv *server, started time.Time) error {
+	old := sv.Doc.Flavor
+	if sv.Doc.OldFlavor != nil {
+		old = *sv.Doc.OldFlavor
+	}
+	spec := s.spec(sv)
+	spec.VCPUs, spec.MemoryMB, spec.DiskGB = old.VCPUs, old.RAM, old.diskGB()
+	if err := retry(ctx, func() error { return s.driver.Resize(ctx, spec) }); err != nil {
+		return s.fail(ctx, sv, taskResizeReverting, "compute_revert_resize", started, err, false)
+	}
+	return s.commit(ctx, sv.ID, taskResizeReverting, func(tx *store.Tx, cur *server) error {
+		cur.Doc.Flavor = old
+		cur.Doc.OldFlavor = nil
+		cur.FlavorID = old.ID
+		cur.VCPUs, cur.MemoryMB, cur.DiskGB = old.VCPUs, old.RAM, old.diskGB()
+		cur.VMState, cur.TaskState = vmActive, ""
+		if cur.Doc.OldVMState == vmStopped {
+			cur.VMState = vmStopped
+		}
+		cur.Doc.OldVMState = ""
+		if p, err := s.driver.State(ctx, cur.ID); err == nil {
+			cur.Power = int(p)
+		}
+		return s.finish(ctx, tx, cur, "compute_finish_revert_resize", started, nil)
+	})
+}
+
+func (s *Service) stepRebuild(ctx context.Context, sv *server, started time.Time) error {
+	if err := retry(ctx, func() error { return s.driver.Destroy(ctx, sv.ID) }); err != nil {
+		return s.fail(ctx, sv, taskRebuilding, "compute_rebuild_instance", started, err, false)
+	}
+	return s.commit(ctx, sv.ID, taskRebuilding, func(tx *store.Tx, cur *server) error {
+		cur.TaskState = taskRebuildSpawning
+		return s.saveServer(ctx, tx, cur)
+	})
+}
+
+func (s *Service) stepRebuildSpawn(ctx context.Context, sv *server, started time.Time) error {
+	spec := s.spec(sv)
+	stopped := sv.Doc.OldVMState == vmStopped
+	err := retry(ctx, func() error {
+		if err := s.driver.Spawn(ctx, spec); err != nil {
+			return err
+		}
+		if stopped {
+			// A rebuilt stopped server stays stopped (nova rebuild_instance).
+			return s.driver.PowerOff(ctx, sv.ID, false)
+		}
+		return nil
+	})
+	if err != nil {
+		return s.fail(ctx, sv, taskRebuildSpawning, "compute_rebuild_instance", started, err, false)
+	}
+	return s.commit(ctx, sv.ID, taskRebuildSpawning, func(tx *store.Tx, cur *server) error {
+		cur.VMState, cur.TaskState, cur.Power = vmActive, "", int(driver.Running)
+		if stopped {
+			cur.VMState, cur.Power = vmStopped, int(driver.Shutdown)
+		}
+		cur.Doc.OldVMState, cur.Doc.AdminPass, cur.Doc.Fault = "", "", nil
+		return s.finish(ctx, tx, cur, "compute_rebuild_instance", started, nil)
+	})
+}
+
+func (s *Service) stepSnapshot(ctx context.Context, sv *server, started time.Time) error {
+	err := retry(ctx, func() error { return s.snapshot(ctx, sv, sv.Doc.SnapshotID) })
+	if err != nil && ctx.Err() == nil {
+		// A failed snapshot leaves the server as it was (nova
+		// snapshot_instance reverts the task state); the image is removed.
+		_ = s.images.Delete(ctx, sv.Doc.SnapshotID)
+		return s.commit(ctx, sv.ID, taskImageSnapshot, func(tx *store.Tx, cur *server) error {
+			cur.TaskState, cur.Doc.SnapshotID = "", ""
+			return s.finish(ctx, tx, cur, "compute_snapshot_instance", started, err)
+		})
+	}
+	if err != nil {
+		return err
+	}
+	return s.commit(ctx, sv.ID, taskImageSnapshot, func(tx *store.Tx, cur *server) error {
+		cur.TaskState, cur.Doc.SnapshotID = "", ""
+		return s.finish(ctx, tx, cur, "compute_snapshot_instance", started, nil)
+	})
+}
