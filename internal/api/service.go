@@ -128,6 +128,10 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.Log.Info("request", "service", s.Name, "request_id", rid, "method", r.Method,
 			"path", r.URL.Path, "status", rec.status, "duration_ms", float64(time.Since(start).Microseconds())/1000)
 	}()
+	if !ValidText(r.URL.Path) {
+		s.renderError(rec, r, NotFound("The resource could not be found."))
+		return
+	}
 	for _, hook := range s.Before {
 		nr, err := hook(r)
 		if err != nil {
@@ -208,6 +212,10 @@ func (s *Service) wrap(rt Route) http.Handler {
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		if err := checkText(r, maxBody <= DefaultMaxBody*16); err != nil {
+			s.renderError(w, r, err)
+			return
+		}
 		resp, err := rt.Handler(r)
 		if err != nil {
 			s.renderError(w, r, AsError(err))

@@ -132,3 +132,29 @@ func TestUnknownFields(t *testing.T) {
 		t.Fatalf("allowed fields rejected: %v", err)
 	}
 }
+
+func TestTextTheStoreCannotHold(t *testing.T) {
+	srv := newServer(t)
+	for _, tt := range []struct {
+		name, method, path, body string
+		status                   int
+	}{
+		{"NUL in path", "GET", "/things/a%00b", "", 404},
+		{"NUL in query", "GET", "/things/a?x=%00", "", 400},
+		{"invalid UTF-8 in query", "GET", "/things/a?x=%ff", "", 400},
+		{"escaped NUL in body", "POST", "/things", `{"name":"a\u0000"}`, 400},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tt.method, srv.URL+tt.path, strings.NewReader(tt.body))
+			req.Header.Set("X-Auth-Token", "member")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tt.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tt.status)
+			}
+		})
+	}
+}

@@ -1,18 +1,15 @@
 package compute
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"nimbus/internal/api"
 	"nimbus/internal/store"
@@ -22,10 +19,10 @@ import (
 // hypervisors and services.
 func (s *Service) resourceRoutes() []api.Route {
 	admin := func(pattern string, h api.HandlerFunc, policy string) api.Route {
-		return api.Route{Pattern: pattern, Handler: textSafe(h), AdminOnly: true, Policy: policy}
+		return api.Route{Pattern: pattern, Handler: h, AdminOnly: true, Policy: policy}
 	}
 	user := func(pattern string, h api.HandlerFunc) api.Route {
-		return api.Route{Pattern: pattern, Handler: textSafe(h)}
+		return api.Route{Pattern: pattern, Handler: h}
 	}
 	return []api.Route{
 		// nova/api/openstack/compute/flavors.py, flavor_manage.py
@@ -298,38 +295,5 @@ func strictQuery(r *http.Request, allowed ...string) error {
 	return nil
 }
 
-// validText reports whether s can be stored as text on both engines:
-// PostgreSQL refuses NUL characters and invalid UTF-8.
-func validText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
-
-// textSafe keeps text the database cannot hold away from the handlers: a
-// path with it names nothing (404), a query or body with it is a 400.
-func textSafe(h api.HandlerFunc) api.HandlerFunc {
-	return func(r *http.Request) (*api.Response, error) {
-		if !validText(r.URL.Path) {
-			return nil, api.NotFound("The resource could not be found.")
-		}
-		for k, vs := range r.URL.Query() {
-			for _, v := range append(vs, k) {
-				if !validText(v) {
-					return nil, api.BadRequest("Invalid input for query parameters %s: NUL characters and invalid UTF-8 are not allowed.", strings.ToValidUTF8(strings.ReplaceAll(k, "\x00", ""), "?"))
-				}
-			}
-		}
-		if r.Body != nil && r.Body != http.NoBody {
-			b, err := io.ReadAll(r.Body)
-			if err != nil {
-				var mbe *http.MaxBytesError
-				if errors.As(err, &mbe) {
-					return nil, api.OverLimit("Request is too large.")
-				}
-				return nil, api.BadRequest("Malformed request body")
-			}
-			if bytes.IndexByte(b, 0) >= 0 || bytes.Contains(bytes.ToLower(b), []byte(`\u0000`)) {
-				return nil, api.BadRequest("Invalid input: NUL characters are not allowed in the request body.")
-			}
-			r.Body = io.NopCloser(bytes.NewReader(b))
-		}
-		return h(r)
-	}
-}
+// validText reports whether s can be stored as text (see api.ValidText).
+func validText(s string) bool { return api.ValidText(s) }
