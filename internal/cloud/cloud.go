@@ -210,7 +210,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 			defer c.wg.Done()
 			var err error
 			if tlsCfg != nil {
-				srv.TLSConfig = tlsCfg
+				srv.TLSConfig = tlsCfg.Clone()
 				err = srv.ServeTLS(ln, "", "")
 			} else {
 				err = srv.Serve(ln)

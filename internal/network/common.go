@@ -1,0 +1,743 @@
+package network
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"nimbus/internal/api"
+	"nimbus/internal/store"
+)
+
+// neutronTime renders a standard-attr timestamp the way neutron's
+// timestamp helper does (neutron/db/standard_attr.py: "%Y-%m-%dT%H:%M:%SZ").
+func neutronTime(s string) string {
+	t := store.ParseTime(s)
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02T15:04:05Z")
+}
+
+func now() string { return store.FormatTime(time.Now()) }
+
+func newID() string { return uuid.NewString() }
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// nerr is an error in Neutron's shape with its exception name.
+func nerr(status int, typ, format string, args ...any) *api.Error {
+	return &api.Error{Status: status, Type: typ, Message: fmt.Sprintf(format, args...)}
+}
+
+func badInput(format string, args ...any) *api.Error {
+	return nerr(http.StatusBadRequest, "InvalidInput", "Invalid input for operation: "+format, args...)
+}
+
+func errNetworkNotFound(id string) *api.Error {
+	return nerr(404, "NetworkNotFound", "Network %s could not be found.", id)
+}
+func errSubnetNotFound(id string) *api.Error {
+	return nerr(404, "SubnetNotFound", "Subnet %s could not be found.", id)
+}
+func errPortNotFound(id string) *api.Error {
+	return nerr(404, "PortNotFound", "Port %s could not be found.", id)
+}
+func errSGNotFound(id string) *api.Error {
+	return nerr(404, "SecurityGroupNotFound", "Security group %s does not exist", id)
+}
+func errRuleNotFound(id string) *api.Error {
+	return nerr(404, "SecurityGroupRuleNotFound", "Security group rule %s does not exist", id)
+}
+func errFIPNotFound(id string) *api.Error {
+	return nerr(404, "FloatingIPNotFound", "Floating IP %s could not be found", id)
+}
+
+// body is a decoded resource body: {"network": {...}} gives the inner map.
+type body map[string]json.RawMessage
+
+// decodeBody reads {"<resource>": {...}} and rejects attributes that are
+// not in allowed, as neutron/api/v2/base.py prepare_request_body does.
+func decodeBody(r *http.Request, resource string, allowed ...string) (body, error) {
+	var outer map[string]json.RawMessage
+	if err := api.DecodeJSON(r, &outer); err != nil {
+		return nil, nerr(400, "HTTPBadRequest", "%s", api.AsError(err).Message)
+	}
+	raw, ok := outer[resource]
+	if !ok {
+		return nil, nerr(400, "HTTPBadRequest", "Unable to find '%s' in request body", resource)
+	}
+	var b body
+	if err := json.Unmarshal(raw, &b); err != nil || b == nil {
+		return nil, nerr(400, "HTTPBadRequest", "Unable to find '%s' in request body", resource)
+	}
+	return b, checkAttrs(b, allowed)
+}
+
+// checkAttrs rejects attributes a resource does not have.
+func checkAttrs(b body, allowed []string) error {
+	var extra []string
+	for k := range b {
+		found := false
+		for _, a := range allowed {
+			if a == k {
+				found = true
+				break
+			}
+		}
+		if !found {
+			extra = append(extra, k)
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		return nerr(400, "HTTPBadRequest", "Unrecognized attribute(s) '%s'", strings.Join(extra, ", "))
+	}
+	return nil
+}
+
+// prepared is one resource of a create request, validated: insert stores
+// it inside the request's transaction and view renders it afterwards.
+type prepared struct {
+	insert func(tx *store.Tx) error
+	view   func() map[string]any
+}
+
+// preparer validates the body of one resource to create.
+type preparer func(r *http.Request, c *api.Caller, b body) (*prepared, error)
+
+// creator serves POST on a collection, for one resource
+// ({"network": {...}}) or in bulk ({"networks": [{...}, ...]}), all in one
+// transaction as neutron's native bulk support does
+// (neutron/api/v2/base.py create with allow_bulk).
+func (s *Service) creator(singular, plural string, allowed []string, prep preparer) api.HandlerFunc {
+	return func(r *http.Request) (*api.Response, error) {
+		c := caller(r)
+		var outer map[string]json.RawMessage
+		if err := api.DecodeJSON(r, &outer); err != nil {
+			return nil, nerr(400, "HTTPBadRequest", "%s", api.AsError(err).Message)
+		}
+		var bodies []body
+		bulk := false
+		if raw, ok := outer[plural]; ok && len(outer) == 1 {
+			bulk = true
+			if err := json.Unmarshal(raw, &bodies); err != nil || len(bodies) == 0 {
+				return nil, nerr(400, "HTTPBadRequest", "Resources required")
+			}
+		} else if raw, ok := outer[singular]; ok {
+			var b body
+			if err := json.Unmarshal(raw, &b); err != nil || b == nil {
+				return nil, nerr(400, "HTTPBadRequest", "Unable to find '%s' in request body", singular)
+			}
+			bodies = []body{b}
+		} else {
+			return nil, nerr(400, "HTTPBadRequest", "Unable to find '%s' in request body", singular)
+		}
+		var items []*prepared
+		for _, b := range bodies {
+			if b == nil {
+				return nil, nerr(400, "HTTPBadRequest", "Unable to find '%s' in request body", singular)
+			}
+			if err := checkAttrs(b, allowed); err != nil {
+				return nil, err
+			}
+			p, err := prep(r, c, b)
+			if err != nil {
+				return nil, err
+			}
+			items = append(items, p)
+		}
+		err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
+			for _, p := range items {
+				if err := p.insert(tx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		if !bulk {
+			return showOne(r, 201, singular, items[0].view()), nil
+		}
+		views := make([]map[string]any, 0, len(items))
+		for _, p := range items {
+			views = append(views, p.view())
+		}
+		return api.JSON(201, map[string]any{plural: selectFields(r.URL.Query(), views)}), nil
+	}
+}
+
+func (b body) has(k string) bool { _, ok := b[k]; return ok }
+
+func (b body) isNull(k string) bool {
+	v, ok := b[k]
+	return ok && strings.TrimSpace(string(v)) == "null"
+}
+
+func invalid(k string, v json.RawMessage, reason string) *api.Error {
+	return nerr(400, "HTTPBadRequest", "Invalid input for %s. Reason: %s.", k, fmt.Sprintf(reason, string(v)))
+}
+
+// str reads a string attribute; ok is false when absent.
+func (b body) str(k string, maxLen int) (string, bool, error) {
+	v, ok := b[k]
+	if !ok {
+		return "", false, nil
+	}
+	var s string
+	if err := json.Unmarshal(v, &s); err != nil {
+		return "", true, invalid(k, v, "'%s' is not a valid string")
+	}
+	if maxLen > 0 && len(s) > maxLen {
+		return "", true, nerr(400, "HTTPBadRequest", "Invalid input for %s. Reason: '%s' exceeds maximum length of %d.", k, s, maxLen)
+	}
+	return s, true, nil
+}
+
+// isUUID is oslo's is_uuid_like: a UUID with or without hyphens.
+func isUUID(s string) bool {
+	u, err := uuid.Parse(s)
+	return err == nil && strings.ReplaceAll(u.String(), "-", "") == strings.ToLower(strings.ReplaceAll(s, "-", ""))
+}
+
+func errNotUUID(k, v string) *api.Error {
+	return nerr(400, "HTTPBadRequest", "Invalid input for %s. Reason: '%s' is not a valid UUID.", k, v)
+}
+
+// uuidAttr reads a string attribute that must be a UUID (neutron's
+// type:uuid validator).
+func (b body) uuidAttr(k string) (string, bool, error) {
+	s, ok, err := b.str(k, 64)
+	if err == nil && ok && !isUUID(s) {
+		err = errNotUUID(k, s)
+	}
+	return s, ok, err
+}
+
+// optUUID reads a UUID attribute that may be null (type:uuid_or_none).
+func (b body) optUUID(k string) (*string, bool, error) {
+	s, ok, err := b.optStr(k)
+	if err == nil && s != nil && !isUUID(*s) {
+		err = errNotUUID(k, *s)
+	}
+	return s, ok, err
+}
+
+// optStr reads a string attribute that may be null.
+func (b body) optStr(k string) (*string, bool, error) {
+	if b.isNull(k) {
+		return nil, true, nil
+	}
+	s, ok, err := b.str(k, 255)
+	if !ok || err != nil {
+		return nil, ok, err
+	}
+	return &s, true, nil
+}
+
+// boolean reads a boolean attribute; neutron's convert_to_boolean also takes
+// the strings "true"/"false" and 0/1.
+func (b body) boolean(k string) (bool, bool, error) {
+	v, ok := b[k]
+	if !ok {
+		return false, false, nil
+	}
+	var x any
+	_ = json.Unmarshal(v, &x)
+	switch t := x.(type) {
+	case bool:
+		return t, true, nil
+	case string:
+		if bv, err := parseBool(t); err == nil {
+			return bv, true, nil
+		}
+	case float64:
+		if t == 0 || t == 1 {
+			return t == 1, true, nil
+		}
+	}
+	return false, true, invalid(k, v, "'%s' cannot be converted to boolean")
+}
+
+func parseBool(s string) (bool, error) {
+	switch strings.ToLower(s) {
+	case "true", "1", "yes", "on", "t", "y":
+		return true, nil
+	case "false", "0", "no", "off", "f", "n":
+		return false, nil
+	}
+	return false, fmt.Errorf("not a boolean")
+}
+
+func (b body) strList(k string) ([]string, bool, error) {
+	v, ok := b[k]
+	if !ok {
+		return nil, false, nil
+	}
+	var l []string
+	if err := json.Unmarshal(v, &l); err != nil {
+		return nil, true, invalid(k, v, "'%s' is not a list")
+	}
+	if l == nil {
+		l = []string{}
+	}
+	return l, true, nil
+}
+
+func (b body) integer(k string) (*int, bool, error) {
+	v, ok := b[k]
+	if !ok {
+		return nil, false, nil
+	}
+	if b.isNull(k) {
+		return nil, true, nil
+	}
+	var x any
+	_ = json.Unmarshal(v, &x)
+	switch t := x.(type) {
+	case float64:
+		if t == float64(int(t)) {
+			n := int(t)
+			return &n, true, nil
+		}
+	case string:
+		if n, err := strconv.Atoi(t); err == nil {
+			return &n, true, nil
+		}
+	}
+	return nil, true, invalid(k, v, "'%s' is not an integer")
+}
+
+// projectFor is the project a new resource belongs to: the caller's, or
+// for an admin the project_id/tenant_id given in the body.
+func projectFor(c *api.Caller, b body, resource string) (string, error) {
+	p := c.ProjectID
+	for _, k := range []string{"project_id", "tenant_id"} {
+		s, ok, err := b.str(k, 255)
+		if err != nil {
+			return "", err
+		}
+		if ok && s != p {
+			if !c.IsAdmin() {
+				return "", nerr(403, "PolicyNotAuthorized", "(rule:create_%s) is disallowed by policy", resource)
+			}
+			p = s
+		}
+	}
+	return p, nil
+}
+
+func tagsOf(s string) []string {
+	var t []string
+	_ = store.FromJSON(s, &t)
+	if t == nil {
+		t = []string{}
+	}
+	return t
+}
+
+// listSpec says how a collection is listed.
+type listSpec struct {
+	collection string // "networks"
+	// special filters handled by the caller (tags, fixed_ips); others are
+	// matched against the view.
+	extraFilters map[string]bool
+}
+
+// reserved query parameters that are not attribute filters
+// (neutron/api/api_common.py get_filters_from_dict).
+var reservedParams = map[string]bool{
+	"fields": true, "sort_key": true, "sort_dir": true, "limit": true, "marker": true,
+	"page_reverse": true, "tags": true, "tags-any": true, "not-tags": true, "not-tags-any": true,
+}
+
+// render filters, sorts, pages and projects a list of resource views
+// according to the query (neutron/api/v2/base.py _items), and wraps them
+// as {"<collection>": [...], "<collection>_links": [...]}.
+func render(r *http.Request, collection string, items []map[string]any, filterable map[string]bool) (*api.Response, error) {
+	q := r.URL.Query()
+	var err error
+	if items, err = filterItems(q, items, filterable); err != nil {
+		return nil, err
+	}
+	// Sorting: sort_key and sort_dir may repeat, paired by position.
+	keys := q["sort_key"]
+	dirs := q["sort_dir"]
+	for _, d := range dirs {
+		if d != "asc" && d != "desc" {
+			return nil, nerr(400, "HTTPBadRequest", "Invalid input for sort_dir. Reason: '%s' is not a valid value. Valid values are ['asc', 'desc'].", d)
+		}
+	}
+	if len(dirs) > len(keys) {
+		return nil, nerr(400, "HTTPBadRequest", "The number of sort_keys and sort_dirs must be same")
+	}
+	for _, k := range keys {
+		if !filterable[k] {
+			return nil, nerr(400, "HTTPBadRequest", "%s is an invalid attribute for sort_keys", k)
+		}
+	}
+	sort.SliceStable(items, func(i, j int) bool {
+		for n, k := range keys {
+			c := compareValues(items[i][k], items[j][k])
+			if c == 0 {
+				continue
+			}
+			if n < len(dirs) && dirs[n] == "desc" {
+				return c > 0
+			}
+			return c < 0
+		}
+		if len(keys) == 0 {
+			return false
+		}
+		return fmt.Sprint(items[i]["id"]) < fmt.Sprint(items[j]["id"])
+	})
+	reverse := false
+	if pr := q.Get("page_reverse"); pr != "" {
+		if reverse, err = parseBool(pr); err != nil {
+			return nil, nerr(400, "HTTPBadRequest", "Invalid input for page_reverse. Reason: '%s' cannot be converted to boolean.", pr)
+		}
+	}
+	limit := 0
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 0 {
+			return nil, nerr(400, "HTTPBadRequest", "Limit must be an integer 0 or greater and not '%s'", l)
+		}
+		limit = n
+	}
+	marker := q.Get("marker")
+	var links []map[string]string
+	if limit > 0 || marker != "" {
+		if reverse {
+			for i, j := 0, len(items)-1; i < j; i, j = i+1, j-1 {
+				items[i], items[j] = items[j], items[i]
+			}
+		}
+		start := 0
+		if marker != "" {
+			start = -1
+			for i, it := range items {
+				if it["id"] == marker {
+					start = i + 1
+					break
+				}
+			}
+			if start < 0 {
+				return nil, nerr(404, "HTTPNotFound", "Marker %s could not be found.", marker)
+			}
+		}
+		items = items[start:]
+		more := false
+		if limit > 0 && len(items) > limit {
+			items = items[:limit]
+			more = true
+		}
+		if reverse {
+			for i, j := 0, len(items)-1; i < j; i, j = i+1, j-1 {
+				items[i], items[j] = items[j], items[i]
+			}
+		}
+		base := api.BaseURL(r) + r.URL.Path
+		link := func(rel, mk string, rev bool) map[string]string {
+			v := url.Values{}
+			for k, vs := range q {
+				if k != "marker" && k != "page_reverse" {
+					v[k] = vs
+				}
+			}
+			v.Set("marker", mk)
+			if rev {
+				v.Set("page_reverse", "True")
+			}
+			return map[string]string{"rel": rel, "href": base + "?" + v.Encode()}
+		}
+		if len(items) > 0 {
+			last, first := items[len(items)-1]["id"], items[0]["id"]
+			if reverse {
+				if marker != "" {
+					links = append(links, link("next", fmt.Sprint(last), false))
+				}
+				if more {
+					links = append(links, link("previous", fmt.Sprint(first), true))
+				}
+			} else {
+				if more {
+					links = append(links, link("next", fmt.Sprint(last), false))
+				}
+				if marker != "" {
+					links = append(links, link("previous", fmt.Sprint(first), true))
+				}
+			}
+		}
+	}
+	items = selectFields(q, items)
+	out := map[string]any{collection: items}
+	if links != nil {
+		out[collection+"_links"] = links
+	}
+	return api.JSON(200, out), nil
+}
+
+func compareValues(a, b any) int {
+	switch x := a.(type) {
+	case int:
+		if y, ok := b.(int); ok {
+			return x - y
+		}
+	case int64:
+		if y, ok := b.(int64); ok {
+			switch {
+			case x < y:
+				return -1
+			case x > y:
+				return 1
+			}
+			return 0
+		}
+	}
+	return strings.Compare(valueString(a), valueString(b))
+}
+
+func valueString(v any) string {
+	switch t := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return t
+	case *string:
+		if t == nil {
+			return ""
+		}
+		return *t
+	case bool:
+		if t {
+			return "true"
+		}
+		return "false"
+	}
+	return fmt.Sprint(v)
+}
+
+// filterItems keeps the items that match every attribute filter; several
+// values of one filter are alternatives. Unknown filters answer 400 as with
+// neutron's filter-validation extension.
+func filterItems(q url.Values, items []map[string]any, filterable map[string]bool) ([]map[string]any, error) {
+	type flt struct {
+		key  string
+		vals []string
+	}
+	var fs []flt
+	for k, vs := range q {
+		if reservedParams[k] {
+			continue
+		}
+		if !filterable[k] {
+			return nil, nerr(400, "HTTPBadRequest", "[%s] is invalid attribute for filtering", k)
+		}
+		fs = append(fs, flt{k, vs})
+	}
+	tagsAll := splitTags(q["tags"])
+	tagsAny := splitTags(q["tags-any"])
+	notAll := splitTags(q["not-tags"])
+	notAny := splitTags(q["not-tags-any"])
+	out := items[:0:0]
+	for _, it := range items {
+		ok := true
+		for _, f := range fs {
+			if !matches(it, f.key, f.vals) {
+				ok = false
+				break
+			}
+		}
+		if ok && (tagsAll != nil || tagsAny != nil || notAll != nil || notAny != nil) {
+			tags, _ := it["tags"].([]string)
+			has := map[string]bool{}
+			for _, t := range tags {
+				has[t] = true
+			}
+			all := func(l []string) bool {
+				for _, t := range l {
+					if !has[t] {
+						return false
+					}
+				}
+				return true
+			}
+			anyOf := func(l []string) bool {
+				for _, t := range l {
+					if has[t] {
+						return true
+					}
+				}
+				return false
+			}
+			if tagsAll != nil && !all(tagsAll) || tagsAny != nil && !anyOf(tagsAny) ||
+				notAll != nil && all(notAll) || notAny != nil && anyOf(notAny) {
+				ok = false
+			}
+		}
+		if ok {
+			out = append(out, it)
+		}
+	}
+	return out, nil
+}
+
+func splitTags(vs []string) []string {
+	if vs == nil {
+		return nil
+	}
+	out := []string{}
+	for _, v := range vs {
+		for _, t := range strings.Split(v, ",") {
+			if t != "" {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
+}
+
+func matches(it map[string]any, key string, vals []string) bool {
+	if key == "fixed_ips" {
+		return matchFixedIPs(it, vals)
+	}
+	v := it[key]
+	if key == "tenant_id" {
+		v = it["project_id"]
+	}
+	for _, want := range vals {
+		switch t := v.(type) {
+		case bool:
+			if b, err := parseBool(want); err == nil && b == t {
+				return true
+			}
+		case []string:
+			for _, e := range t {
+				if e == want {
+					return true
+				}
+			}
+		default:
+			if valueString(v) == want {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// matchFixedIPs handles ?fixed_ips=ip_address=X&fixed_ips=subnet_id=Y
+// (neutron/db/db_base_plugin_common.py _apply_filters_to_query for ports).
+func matchFixedIPs(it map[string]any, vals []string) bool {
+	ips, _ := it["fixed_ips"].([]map[string]any)
+	for _, v := range vals {
+		k, want, _ := strings.Cut(v, "=")
+		found := false
+		for _, ip := range ips {
+			switch k {
+			case "ip_address":
+				found = ip["ip_address"] == want
+			case "subnet_id":
+				found = ip["subnet_id"] == want
+			case "ip_address_substr":
+				found = strings.Contains(fmt.Sprint(ip["ip_address"]), want)
+			}
+			if found {
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// selectFields applies ?fields=a&fields=b.
+func selectFields(q url.Values, items []map[string]any) []map[string]any {
+	fields := q["fields"]
+	if len(fields) == 0 {
+		return items
+	}
+	want := map[string]bool{}
+	for _, f := range fields {
+		for _, x := range strings.Split(f, ",") {
+			want[x] = true
+		}
+	}
+	for i, it := range items {
+		m := map[string]any{}
+		for k, v := range it {
+			if want[k] {
+				m[k] = v
+			}
+		}
+		items[i] = m
+	}
+	return items
+}
+
+// showOne wraps one view and applies ?fields=.
+func showOne(r *http.Request, status int, resource string, view map[string]any) *api.Response {
+	v := selectFields(r.URL.Query(), []map[string]any{view})[0]
+	return api.JSON(status, map[string]any{resource: v})
+}
+
+// checkRevision enforces an "If-Match: revision_number=N" precondition
+// (neutron/services/revisions/revision_plugin.py).
+func checkRevision(r *http.Request, current int64) error {
+	h := r.Header.Get("If-Match")
+	if h == "" {
+		return nil
+	}
+	for _, part := range strings.Split(h, ",") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(part), "revision_number=")
+		if !ok {
+			continue
+		}
+		want, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nerr(400, "HTTPBadRequest", "If-Match header without revision_number=<int> value.")
+		}
+		if want != current {
+			return nerr(412, "RevisionNumberConstraintFailed", "Constrained to %d, but current revision is %d", want, current)
+		}
+	}
+	return nil
+}
+
+// viewKeys lists the attributes of a resource view: each one may be used
+// as a filter, as neutron allows for any attribute.
+func viewKeys(v map[string]any) []string {
+	out := make([]string, 0, len(v))
+	for k := range v {
+		out = append(out, k)
+	}
+	return out
+}
+
+// filterableOf makes the filter set of a resource from its view keys.
+func filterableOf(keys ...string) map[string]bool {
+	m := map[string]bool{"tenant_id": true, "project_id": true, "id": true, "name": true,
+		"description": true, "created_at": true, "updated_at": true, "revision_number": true}
+	for _, k := range keys {
+		m[k] = true
+	}
+	return m
+}

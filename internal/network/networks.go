@@ -1,0 +1,580 @@
+package network
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"nimbus/internal/api"
+	"nimbus/internal/store"
+)
+
+func caller(r *http.Request) *api.Caller {
+	if c := api.CallerFrom(r.Context()); c != nil {
+		return c
+	}
+	return &api.Caller{}
+}
+
+func policyDenied(rule string) *api.Error {
+	return nerr(403, "PolicyNotAuthorized", "(rule:%s) is disallowed by policy", rule)
+}
+
+func netVisible(c *api.Caller, n *netRow) bool {
+	return c.IsAdmin() || n.ProjectID == c.ProjectID || n.Shared || n.External
+}
+
+// visibleNet loads a network the caller may see or answers NetworkNotFound.
+func visibleNet(ctx context.Context, q store.Querier, c *api.Caller, id string) (*netRow, error) {
+	n, err := getNet(ctx, q, id)
+	if err == store.ErrNotFound || (err == nil && !netVisible(c, n)) {
+		return nil, errNetworkNotFound(id)
+	}
+	return n, err
+}
+
+var netFilters = filterableOf(viewKeys((&netRow{}).view())...)
+
+func (s *Service) listNetworks(r *http.Request) (*api.Response, error) {
+	c := caller(r)
+	where, args := "1 = 1", []any{}
+	if !c.IsAdmin() {
+		where, args = visibleNets, []any{c.ProjectID}
+	}
+	nets, err := loadNets(r.Context(), s.db, where+" ORDER BY created_at, id", args...)
+	if err != nil {
+		return nil, err
+	}
+	items := make([]map[string]any, 0, len(nets))
+	for _, n := range nets {
+		items = append(items, n.view())
+	}
+	return render(r, "networks", items, netFilters)
+}
+
+func (s *Service) showNetwork(r *http.Request) (*api.Response, error) {
+	n, err := visibleNet(r.Context(), s.db, caller(r), pathID(r, "id"))
+	if err != nil {
+		return nil, err
+	}
+	return showOne(r, 200, "network", n.view()), nil
+}
+
+func insertNet(ctx context.Context, q store.Querier, n *netRow, builtin string) (bool, error) {
+	t := now()
+	n.CreatedAt, n.UpdatedAt = t, t
+	if n.Tags == nil {
+		n.Tags = []string{}
+	}
+	n.Subnets = []string{}
+	var bi any
+	if builtin != "" {
+		bi = builtin
+	}
+	res, err := q.Exec(ctx, `INSERT INTO networks (id, name, project_id, description, admin_state_up, shared, external,
+		is_default, mtu, port_security_enabled, tags, builtin, created_at, updated_at, revision_number)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING`,
+		n.ID, n.Name, n.ProjectID, n.Description, b2i(n.AdminStateUp), b2i(n.Shared), b2i(n.External), b2i(n.IsDefault),
+		n.MTU, b2i(n.PortSecurity), store.JSON(n.Tags), bi, t, t)
+	if err != nil {
+		return false, err
+	}
+	k, _ := res.RowsAffected()
+	return k == 1, nil
+}
+
+// netAttrs applies the writable network attributes of b to n.
+func netAttrs(c *api.Caller, b body, n *netRow, action string) error {
+	var err error
+	if v, ok, e := b.str("name", 255); e != nil {
+		return e
+	} else if ok {
+		n.Name = v
+	}
+	if v, ok, e := b.str("description", 255); e != nil {
+		return e
+	} else if ok {
+		n.Description = v
+	}
+	if v, ok, e := b.boolean("admin_state_up"); e != nil {
+		return e
+	} else if ok {
+		n.AdminStateUp = v
+	}
+	if v, ok, e := b.boolean("port_security_enabled"); e != nil {
+		return e
+	} else if ok {
+		n.PortSecurity = v
+	}
+	for _, k := range []string{"shared", "router:external", "is_default"} {
+		v, ok, e := b.boolean(k)
+		if e != nil {
+			return e
+		}
+		if !ok {
+			continue
+		}
+		// neutron/conf/policies/network.py: shared, router:external and
+		// is_default are admin-only.
+		if !c.IsAdmin() {
+			return policyDenied(action + "_network:" + k)
+		}
+		switch k {
+		case "shared":
+			n.Shared = v
+		case "router:external":
+			n.External = v
+		case "is_default":
+			n.IsDefault = v
+		}
+	}
+	if v, ok, e := b.integer("mtu"); e != nil {
+		return e
+	} else if ok && v != nil {
+		if *v < 68 {
+			return badInput("MTU %d is too small, minimum is 68.", *v)
+		}
+		if *v > 1450 {
+			return badInput("Requested MTU is too big, maximum is 1450")
+		}
+		n.MTU = *v
+	}
+	if v, ok, e := b.strList("availability_zone_hints"); e != nil {
+		return e
+	} else if ok && len(v) > 0 {
+		return nerr(404, "AvailabilityZoneNotFound", "AvailabilityZone %s could not be found.", v[0])
+	}
+	return err
+}
+
+var networkCreateAttrs = []string{"name", "admin_state_up", "shared", "router:external", "tenant_id", "project_id",
+	"description", "mtu", "port_security_enabled", "is_default", "availability_zone_hints"}
+
+func (s *Service) prepareNetwork(r *http.Request, c *api.Caller, b body) (*prepared, error) {
+	n := &netRow{AdminStateUp: true, PortSecurity: true, MTU: 1450, ID: newID()}
+	var err error
+	if n.ProjectID, err = projectFor(c, b, "network"); err != nil {
+		return nil, err
+	}
+	if err := netAttrs(c, b, n, "create"); err != nil {
+		return nil, err
+	}
+	return &prepared{
+		insert: func(tx *store.Tx) error {
+			if err := checkQuota(r.Context(), tx, n.ProjectID, "network"); err != nil {
+				return err
+			}
+			_, err := insertNet(r.Context(), tx, n, "")
+			return err
+		},
+		view: n.view,
+	}, nil
+}
+
+func (s *Service) updateNetwork(r *http.Request) (*api.Response, error) {
+	c := caller(r)
+	b, err := decodeBody(r, "network", "name", "admin_state_up", "shared", "router:external", "description", "mtu",
+		"port_security_enabled", "is_default")
+	if err != nil {
+		return nil, err
+	}
+	var n *netRow
+	err = s.db.Tx(r.Context(), func(tx *store.Tx) error {
+		var err error
+		if n, err = visibleNet(r.Context(), tx, c, pathID(r, "id")); err != nil {
+			return err
+		}
+		if !c.IsAdmin() && n.ProjectID != c.ProjectID {
+			return policyDenied("update_network")
+		}
+		if err := netAttrs(c, b, n, "update"); err != nil {
+			return err
+		}
+		n.UpdatedAt = now()
+		if err := checkRevision(r, n.Revision); err != nil {
+			return err
+		}
+		n.Revision++
+		_, err = tx.Exec(r.Context(), `UPDATE networks SET name = ?, description = ?, admin_state_up = ?, shared = ?,
+			external = ?, is_default = ?, mtu = ?, port_security_enabled = ?, updated_at = ?, revision_number = ? WHERE id = ?`,
+			n.Name, n.Description, b2i(n.AdminStateUp), b2i(n.Shared), b2i(n.External), b2i(n.IsDefault), n.MTU,
+			b2i(n.PortSecurity), n.UpdatedAt, n.Revision, n.ID)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return showOne(r, 200, "network", n.view()), nil
+}
+
+func (s *Service) deleteNetwork(r *http.Request) (*api.Response, error) {
+	c := caller(r)
+	id := pathID(r, "id")
+	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
+		n, err := visibleNet(r.Context(), tx, c, id)
+		if err != nil {
+			return err
+		}
+		if !c.IsAdmin() && n.ProjectID != c.ProjectID {
+			return policyDenied("delete_network")
+		}
+		var ports, fips int
+		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM ports WHERE network_id = ?", id).Scan(&ports); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM floatingips WHERE floating_network_id = ?", id).Scan(&fips); err != nil {
+			return err
+		}
+		if ports+fips > 0 {
+			// neutron_lib/exceptions/__init__.py NetworkInUse
+			return nerr(409, "NetworkInUse", "Unable to complete operation on network %s. There are one or more ports still in use on the network.", id)
+		}
+		for _, q := range []string{"DELETE FROM ip_allocations WHERE network_id = ?", "DELETE FROM subnets WHERE network_id = ?",
+			"DELETE FROM networks WHERE id = ?"} {
+			if _, err := tx.Exec(r.Context(), q, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.Empty(204), nil
+}
+
+// ---- subnets ----
+
+var subnetFilters = filterableOf(viewKeys((&subnetRow{}).view())...)
+
+// subnetViews loads the subnets the caller may see: its project's and those
+// of shared networks
+// (neutron/conf/policies/subnet.py get_subnet).
+func (s *Service) subnetViews(ctx context.Context, c *api.Caller, where string, args ...any) ([]*subnetRow, error) {
+	if !c.IsAdmin() {
+		where = "(" + where + ") AND (project_id = ? OR network_id IN (SELECT id FROM networks WHERE shared = 1))"
+		args = append(args, c.ProjectID)
+	}
+	return loadSubnets(ctx, s.db, where, args...)
+}
+
+func (s *Service) listSubnets(r *http.Request) (*api.Response, error) {
+	subs, err := s.subnetViews(r.Context(), caller(r), "1 = 1")
+	if err != nil {
+		return nil, err
+	}
+	items := make([]map[string]any, 0, len(subs))
+	for _, x := range subs {
+		items = append(items, x.view())
+	}
+	return render(r, "subnets", items, subnetFilters)
+}
+
+func (s *Service) showSubnet(r *http.Request) (*api.Response, error) {
+	id := pathID(r, "id")
+	subs, err := s.subnetViews(r.Context(), caller(r), "id = ?", id)
+	if err != nil {
+		return nil, err
+	}
+	if len(subs) == 0 {
+		return nil, errSubnetNotFound(id)
+	}
+	return showOne(r, 200, "subnet", subs[0].view()), nil
+}
+
+func insertSubnet(ctx context.Context, q store.Querier, s *subnetRow) error {
+	t := now()
+	s.CreatedAt, s.UpdatedAt = t, t
+	if s.DNS == nil {
+		s.DNS = []string{}
+	}
+	if s.Routes == nil {
+		s.Routes = []route{}
+	}
+	if s.Tags == nil {
+		s.Tags = []string{}
+	}
+	_, err := q.Exec(ctx, `INSERT INTO subnets (id, network_id, name, project_id, description, ip_version, cidr, gateway_ip,
+		allocation_pools, enable_dhcp, dns_nameservers, host_routes, ipv6_ra_mode, ipv6_address_mode, tags, created_at,
+		updated_at, revision_number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)`,
+		s.ID, s.NetworkID, s.Name, s.ProjectID, s.Description, s.IPVersion, s.CIDR, s.Gateway, store.JSON(s.Pools),
+		b2i(s.EnableDHCP), store.JSON(s.DNS), store.JSON(s.Routes), s.RAMode, s.AddrMode, store.JSON(s.Tags), t, t)
+	return err
+}
+
+// subnetAttrs applies the attributes shared by create and update.
+func subnetAttrs(b body, s *subnetRow, p netip.Prefix) error {
+	if v, ok, e := b.str("name", 255); e != nil {
+		return e
+	} else if ok {
+		s.Name = v
+	}
+	if v, ok, e := b.str("description", 255); e != nil {
+		return e
+	} else if ok {
+		s.Description = v
+	}
+	if v, ok, e := b.boolean("enable_dhcp"); e != nil {
+		return e
+	} else if ok {
+		s.EnableDHCP = v
+	}
+	if v, ok, e := b.strList("dns_nameservers"); e != nil {
+		return e
+	} else if ok {
+		seen := map[string]bool{}
+		for _, d := range v {
+			if _, err := netip.ParseAddr(d); err != nil {
+				return nerr(400, "HTTPBadRequest", "Invalid input for dns_nameservers. Reason: '%s' is not a valid nameserver. '%s' is not a valid IP address.", d, d)
+			}
+			if seen[d] {
+				return nerr(400, "HTTPBadRequest", "Invalid input for dns_nameservers. Reason: Duplicate nameserver '%s'.", d)
+			}
+			seen[d] = true
+		}
+		s.DNS = v
+	}
+	if raw, ok := b["host_routes"]; ok {
+		var rs []route
+		if err := json.Unmarshal(raw, &rs); err != nil {
+			return invalid("host_routes", raw, "Invalid data format for hostroute: '%s'")
+		}
+		for _, rt := range rs {
+			if _, err := netip.ParsePrefix(rt.Destination); err != nil {
+				return nerr(400, "HTTPBadRequest", "Invalid input for host_routes. Reason: '%s' is not a valid IP subnet.", rt.Destination)
+			}
+			if _, err := netip.ParseAddr(rt.Nexthop); err != nil {
+				return nerr(400, "HTTPBadRequest", "Invalid input for host_routes. Reason: '%s' is not a valid IP address.", rt.Nexthop)
+			}
+		}
+		if rs == nil {
+			rs = []route{}
+		}
+		s.Routes = rs
+	}
+	gwChanged := false
+	if b.has("gateway_ip") {
+		gwChanged = true
+		if b.isNull("gateway_ip") {
+			s.Gateway = nil
+		} else {
+			g, _, e := b.str("gateway_ip", 64)
+			if e != nil {
+				return e
+			}
+			a, err := netip.ParseAddr(g)
+			if err != nil {
+				return nerr(400, "HTTPBadRequest", "Invalid input for gateway_ip. Reason: '%s' is not a valid IP address.", g)
+			}
+			if a.Is4() != p.Addr().Is4() || a == p.Masked().Addr() || (a.Is4() && a == lastAddr(p)) {
+				return badInput("Gateway is not valid on subnet.")
+			}
+			gs := a.String()
+			s.Gateway = &gs
+		}
+	}
+	var gw *netip.Addr
+	if s.Gateway != nil {
+		a, _ := netip.ParseAddr(*s.Gateway)
+		gw = &a
+	}
+	if raw, ok := b["allocation_pools"]; ok && string(raw) != "null" {
+		var pools []pool
+		if err := json.Unmarshal(raw, &pools); err != nil {
+			return invalid("allocation_pools", raw, "Invalid data format for IP pool: '%s'")
+		}
+		if err := validatePools(p, pools, gw); err != nil {
+			return err
+		}
+		if pools == nil {
+			pools = []pool{}
+		}
+		s.Pools = pools
+	} else if gwChanged || s.Pools == nil {
+		if s.Pools == nil {
+			s.Pools = defaultPools(p, gw)
+		} else if err := validatePools(p, s.Pools, gw); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var subnetCreateAttrs = []string{"name", "network_id", "ip_version", "cidr", "gateway_ip", "allocation_pools",
+	"enable_dhcp", "dns_nameservers", "host_routes", "ipv6_ra_mode", "ipv6_address_mode", "description",
+	"tenant_id", "project_id", "subnetpool_id"}
+
+func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepared, error) {
+	var err error
+	sub := &subnetRow{ID: newID(), EnableDHCP: true}
+	if sub.ProjectID, err = projectFor(c, b, "subnet"); err != nil {
+		return nil, err
+	}
+	netID, ok, err := b.uuidAttr("network_id")
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, nerr(400, "HTTPBadRequest", "Failed to parse request. Required attribute 'network_id' not specified")
+	}
+	if sp, ok, err := b.optStr("subnetpool_id"); err != nil {
+		return nil, err
+	} else if ok && sp != nil {
+		return nil, nerr(404, "SubnetPoolNotFound", "Subnet pool %s could not be found.", *sp)
+	}
+	ver, ok, err := b.integer("ip_version")
+	if err != nil {
+		return nil, err
+	}
+	if !ok || ver == nil {
+		return nil, nerr(400, "HTTPBadRequest", "Failed to parse request. Required attribute 'ip_version' not specified")
+	}
+	if *ver != 4 && *ver != 6 {
+		return nil, nerr(400, "HTTPBadRequest", "Invalid input for ip_version. Reason: %d is not in valid_values [4, 6].", *ver)
+	}
+	sub.IPVersion = *ver
+	cidr, ok, err := b.str("cidr", 64)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, badInput("A cidr must be specified in the absence of a subnet pool")
+	}
+	p, err := parseCIDR(cidr, sub.IPVersion)
+	if err != nil {
+		return nil, err
+	}
+	sub.CIDR = p.String()
+	if !b.has("gateway_ip") {
+		g := p.Masked().Addr().Next().String()
+		sub.Gateway = &g
+	}
+	for _, k := range []string{"ipv6_ra_mode", "ipv6_address_mode"} {
+		v, ok, err := b.optStr(k)
+		if err != nil {
+			return nil, err
+		}
+		if !ok || v == nil {
+			continue
+		}
+		if *v != "slaac" && *v != "dhcpv6-stateful" && *v != "dhcpv6-stateless" {
+			return nil, nerr(400, "HTTPBadRequest", "Invalid input for %s. Reason: %s is not in valid_values ['dhcpv6-stateful', 'dhcpv6-stateless', 'slaac'].", k, *v)
+		}
+		if sub.IPVersion != 6 {
+			return nil, badInput("Cannot set %s with ip_version 4.", strings.ReplaceAll(k, "_", " "))
+		}
+		if k == "ipv6_ra_mode" {
+			sub.RAMode = v
+		} else {
+			sub.AddrMode = v
+		}
+	}
+	if err := subnetAttrs(b, sub, p); err != nil {
+		return nil, err
+	}
+	insert := func(tx *store.Tx) error {
+		n, err := visibleNet(r.Context(), tx, c, netID)
+		if err != nil {
+			return err
+		}
+		if !c.IsAdmin() && !n.Shared && n.ProjectID != sub.ProjectID {
+			return nerr(403, "HTTPForbidden", "Tenant %s not allowed to create subnet on this network", sub.ProjectID)
+		}
+		sub.NetworkID = n.ID
+		if err := checkQuota(r.Context(), tx, sub.ProjectID, "subnet"); err != nil {
+			return err
+		}
+		others, err := loadSubnets(r.Context(), tx, "network_id = ?", n.ID)
+		if err != nil {
+			return err
+		}
+		for _, o := range others {
+			if op, err := netip.ParsePrefix(o.CIDR); err == nil && op.Overlaps(p) {
+				return badInput("Requested subnet with cidr: %s for network: %s overlaps with another subnet", sub.CIDR, n.ID)
+			}
+		}
+		return insertSubnet(r.Context(), tx, sub)
+	}
+	return &prepared{insert: insert, view: sub.view}, nil
+}
+
+func (s *Service) ownedSubnet(ctx context.Context, q store.Querier, c *api.Caller, id, action string) (*subnetRow, error) {
+	sub, err := getSubnet(ctx, q, id)
+	if err == store.ErrNotFound {
+		return nil, errSubnetNotFound(id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !c.IsAdmin() && sub.ProjectID != c.ProjectID {
+		n, err := getNet(ctx, q, sub.NetworkID)
+		if err != nil || !n.Shared {
+			return nil, errSubnetNotFound(id)
+		}
+		return nil, policyDenied(action + "_subnet")
+	}
+	return sub, nil
+}
+
+func (s *Service) updateSubnet(r *http.Request) (*api.Response, error) {
+	c := caller(r)
+	b, err := decodeBody(r, "subnet", "name", "gateway_ip", "allocation_pools", "enable_dhcp", "dns_nameservers",
+		"host_routes", "description")
+	if err != nil {
+		return nil, err
+	}
+	var sub *subnetRow
+	err = s.db.Tx(r.Context(), func(tx *store.Tx) error {
+		var err error
+		if sub, err = s.ownedSubnet(r.Context(), tx, c, pathID(r, "id"), "update"); err != nil {
+			return err
+		}
+		p, err := netip.ParsePrefix(sub.CIDR)
+		if err != nil {
+			return err
+		}
+		if err := subnetAttrs(b, sub, p); err != nil {
+			return err
+		}
+		sub.UpdatedAt = now()
+		if err := checkRevision(r, sub.Revision); err != nil {
+			return err
+		}
+		sub.Revision++
+		_, err = tx.Exec(r.Context(), `UPDATE subnets SET name = ?, description = ?, gateway_ip = ?, allocation_pools = ?,
+			enable_dhcp = ?, dns_nameservers = ?, host_routes = ?, updated_at = ?, revision_number = ? WHERE id = ?`,
+			sub.Name, sub.Description, sub.Gateway, store.JSON(sub.Pools), b2i(sub.EnableDHCP), store.JSON(sub.DNS),
+			store.JSON(sub.Routes), sub.UpdatedAt, sub.Revision, sub.ID)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return showOne(r, 200, "subnet", sub.view()), nil
+}
+
+func (s *Service) deleteSubnet(r *http.Request) (*api.Response, error) {
+	c := caller(r)
+	id := pathID(r, "id")
+	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
+		if _, err := s.ownedSubnet(r.Context(), tx, c, id, "delete"); err != nil {
+			return err
+		}
+		var n int
+		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM ip_allocations WHERE subnet_id = ?", id).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			// neutron_lib/exceptions/__init__.py SubnetInUse
+			return nerr(409, "SubnetInUse", "Unable to complete operation on subnet %s: One or more ports have an IP allocation from this subnet.", id)
+		}
+		_, err := tx.Exec(r.Context(), "DELETE FROM subnets WHERE id = ?", id)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.Empty(204), nil
+}
