@@ -222,45 +222,72 @@ func (b *benchClient) unlimitedQuota() error {
 	if _, err := b.do("PUT", b.c.ComputeURL+"/os-quota-sets/"+p.ID, b.admin, body, nil); err != nil {
 		return err
 	}
+	// A /16 network: the default /24 holds only 253 servers. Ports are
+	// quota-limited in Neutron too.
+	nq := map[string]any{"quota": map[string]any{"port": -1, "network": -1, "subnet": -1}}
+	if _, err := b.do("PUT", b.c.NetworkURL+"/v2.0/quotas/"+p.ID, b.admin, nq, nil); err != nil {
+		return err
+	}
+	var nw struct {
+		Network struct {
+			ID string `json:"id"`
+		} `json:"network"`
+	}
+	if _, err := b.do("POST", b.c.NetworkURL+"/v2.0/networks", b.admin, map[string]any{"network": map[string]any{"name": "bench"}}, &nw); err != nil {
+		return err
+	}
+	sub := map[string]any{"subnet": map[string]any{"network_id": nw.Network.ID, "cidr": "10.128.0.0/16", "ip_version": 4}}
+	if _, err := b.do("POST", b.c.NetworkURL+"/v2.0/subnets", b.admin, sub, nil); err != nil {
+		return err
+	}
+	b.net = nw.Network.ID
+
+	// A Linux image and the smallest flavor that holds it, as a user would pick.
+	var images struct {
+		Images []struct {
+			ID      string `json:"id"`
+			MinDisk int    `json:"min_disk"`
+			MinRAM  int    `json:"min_ram"`
+		} `json:"images"`
+	}
+	if _, err := b.do("GET", b.c.ImageURL+"/v2/images?os_type=linux&limit=1", b.admin, nil, &images); err != nil {
+		return err
+	}
+	if len(images.Images) == 0 {
+		return fmt.Errorf("no Linux image")
+	}
+	img := images.Images[0]
+	b.image = img.ID
+	type flavor struct {
+		ID    string            `json:"id"`
+		VCPUs int               `json:"vcpus"`
+		RAM   int               `json:"ram"`
+		Disk  int               `json:"disk"`
+		Specs map[string]string `json:"extra_specs"`
+	}
 	var flavors struct {
-		Flavors []struct {
-			ID    string `json:"id"`
-			VCPUs int    `json:"vcpus"`
-			RAM   int    `json:"ram"`
-		} `json:"flavors"`
+		Flavors []flavor `json:"flavors"`
 	}
 	if _, err := b.do("GET", b.c.ComputeURL+"/flavors/detail", b.admin, nil, &flavors); err != nil {
 		return err
 	}
-	slices.SortFunc(flavors.Flavors, func(a, b struct {
-		ID    string `json:"id"`
-		VCPUs int    `json:"vcpus"`
-		RAM   int    `json:"ram"`
-	}) int {
+	slices.SortFunc(flavors.Flavors, func(a, b flavor) int {
 		return a.VCPUs*1_000_000 + a.RAM - b.VCPUs*1_000_000 - b.RAM
 	})
-	if len(flavors.Flavors) == 0 {
-		return fmt.Errorf("no flavors")
+	for _, f := range flavors.Flavors {
+		// Public IPv4 comes from a small pool: leave it out of a bulk test.
+		if f.Disk >= img.MinDisk && f.RAM >= img.MinRAM && f.Specs["nimbus:public_ipv4"] != "true" {
+			b.flavor = f.ID
+			return nil
+		}
 	}
-	b.flavor = flavors.Flavors[0].ID
-	var images struct {
-		Images []struct {
-			ID string `json:"id"`
-		} `json:"images"`
-	}
-	if _, err := b.do("GET", b.c.ImageURL+"/v2/images?limit=1", b.admin, nil, &images); err != nil {
-		return err
-	}
-	if len(images.Images) == 0 {
-		return fmt.Errorf("no images")
-	}
-	b.image = images.Images[0].ID
-	return nil
+	return fmt.Errorf("no flavor holds the image")
 }
 
 func (b *benchClient) serverBody(name string, count int) map[string]any {
 	return map[string]any{"server": map[string]any{
-		"name": name, "imageRef": b.image, "flavorRef": b.flavor, "networks": "auto",
+		"name": name, "imageRef": b.image, "flavorRef": b.flavor,
+		"networks":  []map[string]string{{"uuid": b.net}},
 		"min_count": 1, "max_count": count,
 	}}
 }
