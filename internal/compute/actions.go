@@ -506,7 +506,7 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 				return err
 			}
 			if q.MetadataItems >= 0 && len(meta) > q.MetadataItems {
-				return api.Forbidden("Quota exceeded for metadata_items: Requested %d, but already used 0 of %d metadata_items", len(meta), q.MetadataItems)
+				return metadataOverLimit(q.MetadataItems)
 			}
 			sv.Doc.Metadata = meta
 		}

@@ -18,8 +18,15 @@ import (
 // the server rests (task_state null). A restart re-enqueues every server
 // with a task state, so an interrupted task resumes where it was.
 
-// workers is how many servers are driven at once.
-const workers = 8
+// workerCount is how many servers are driven at once: PostgreSQL is bound
+// by round trips and gains from more; SQLite has one writer and a pool of
+// eight connections that the API needs too.
+func (s *Service) workerCount() int {
+	if s.db.Dialect() == store.Postgres {
+		return 16
+	}
+	return 6
+}
 
 // workQueue is a FIFO of server ids in which an id appears at most once;
 // an id enqueued while a worker holds it is handed out again afterwards.
@@ -101,7 +108,7 @@ func (s *Service) enqueue(id string) { s.queue.add(id) }
 // task found in the store, then serves new ones.
 func (s *Service) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	for i := 0; i < workers; i++ {
+	for i := 0; i < s.workerCount(); i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -400,10 +407,17 @@ func (s *Service) step(ctx context.Context, sv *server) bool {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
+			// The store or a collaborator failed, not the driver: try the
+			// same step again a little later rather than give up.
 			s.log.Error("reconcile: step failed to commit", "server", sv.ID, "task", task, "error", err)
-			time.Sleep(50 * time.Millisecond)
+			id := sv.ID
+			time.AfterFunc(500*time.Millisecond, func() {
+				if ctx.Err() == nil {
+					s.enqueue(id)
+				}
+			})
 		}
-		return ctx.Err() == nil
+		return false
 	}
 	return true
 }

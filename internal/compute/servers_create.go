@@ -627,7 +627,7 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 			return err
 		}
 		if quota.MetadataItems >= 0 && len(req.Metadata) > quota.MetadataItems {
-			return api.Forbidden("Quota exceeded for metadata_items: Requested %d, but already used 0 of %d metadata_items", len(req.Metadata), quota.MetadataItems)
+			return metadataOverLimit(quota.MetadataItems)
 		}
 		insts, cores, ram, err := s.projectUsage(ctx, tx, c.ProjectID)
 		if err != nil {

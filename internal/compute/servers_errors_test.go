@@ -1,7 +1,10 @@
 package compute_test
 
 import (
+	"context"
 	"fmt"
+	"nimbus/internal/store"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -193,6 +196,20 @@ func TestServerIsolation(t *testing.T) {
 		if len(u) != 1 || len(u[0].(map[string]any)["server_usages"].([]any)) != 1 {
 			t.Errorf("usage: %v", u)
 		}
+		su := u[0].(map[string]any)["server_usages"].([]any)[0].(map[string]any)
+		if su["instance_id"] != id || su["state"] != "active" || su["flavor"] != "m1.small" || su["hours"].(float64) <= 0 {
+			t.Errorf("server usage: %v", su)
+		}
+		// 2.40 pages by server: a full page carries a next link.
+		pg := e.must(200, "GET", "/os-simple-tenant-usage?limit=1&start="+start, e.admin, "2.40", "")
+		if pg["tenant_usages_links"] == nil {
+			t.Errorf("usage page without links: %v", pg)
+		}
+		var demoProject string
+		e.c.DB.QueryRow(context.Background(), "SELECT id FROM projects WHERE name = 'demo'").Scan(&demoProject)
+		if m := e.must(200, "GET", "/os-simple-tenant-usage/"+demoProject+"?start="+start, e.demo, "2.96", ""); len(m["tenant_usage"].(map[string]any)) != 0 {
+			t.Errorf("demo usage: %v", m)
+		}
 	})
 }
 
@@ -251,7 +268,79 @@ func TestServerResumesAfterRestart(t *testing.T) {
 		id := e.create(e.demo, "2.96", "")
 		time.Sleep(50 * time.Millisecond)
 		e.c.Close()
+		// The build was cut short: the store still has it building.
+		db, err := store.Open(context.Background(), dbURLOrFile(dbURL, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var vm string
+		db.QueryRow(context.Background(), "SELECT vm_state FROM compute_servers WHERE id = ?", id).Scan(&vm)
+		db.Close()
+		if vm != "building" {
+			t.Fatalf("vm_state %q at restart; the test needs an unfinished build", vm)
+		}
 		e2 := newEnv(t, dbURL, func(cfg *cloud.Config) { cfg.DataDir = dir; cfg.FakeDelay = 20 * time.Millisecond })
 		e2.wait(id, e2.demo, "ACTIVE")
 	})
+}
+
+// TestServerAdminPlacement: 2.74 create on a named host, 2.91 unshelve to a
+// named host, deleted servers for admins, instance-action paging (2.58).
+func TestServerAdminPlacement(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		e := newEnv(t, dbURL)
+		img := e.imageID
+		body := fmt.Sprintf(`{"server":{"name":"pinned","imageRef":%q,"flavorRef":"2","networks":"none","host":"fake-host-3"}}`, img)
+		if st, m, _ := e.do("POST", "/servers", e.demo, "2.74", body); st != 403 {
+			t.Errorf("member with host: %d %v", st, m)
+		}
+		if st, m, _ := e.do("POST", "/servers", e.admin, "2.73", body); st != 400 {
+			t.Errorf("host before 2.74: %d %v", st, m)
+		}
+		bad := strings.Replace(body, "fake-host-3", "nowhere", 1)
+		if st, m, _ := e.do("POST", "/servers", e.admin, "2.74", bad); st != 400 {
+			t.Errorf("unknown host: %d %v", st, m)
+		}
+		id := e.must(202, "POST", "/servers", e.admin, "2.74", body)["server"].(map[string]any)["id"].(string)
+		if s := e.wait(id, e.admin, "ACTIVE"); s["OS-EXT-SRV-ATTR:host"] != "fake-host-3" {
+			t.Errorf("host %v, want fake-host-3", s["OS-EXT-SRV-ATTR:host"])
+		}
+		e.action(id, e.admin, "2.96", `{"shelve":null}`, 202)
+		e.wait(id, e.admin, "SHELVED_OFFLOADED")
+		e.action(id, e.admin, "2.96", `{"unshelve":{"host":"fake-host-1"}}`, 202)
+		if s := e.wait(id, e.admin, "ACTIVE"); s["OS-EXT-SRV-ATTR:host"] != "fake-host-1" {
+			t.Errorf("unshelved on %v, want fake-host-1", s["OS-EXT-SRV-ATTR:host"])
+		}
+		// Paging of instance actions from 2.58.
+		page := e.must(200, "GET", "/servers/"+id+"/os-instance-actions?limit=2", e.admin, "2.58", "")
+		if acts := page["instanceActions"].([]any); len(acts) != 2 || page["links"] == nil {
+			t.Errorf("actions page: %v", page)
+		}
+		// Deleted servers: 404 on show, listed for admins with deleted=true.
+		e.must(204, "DELETE", "/servers/"+id, e.admin, "2.96", "")
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if st, _, _ := e.do("GET", "/servers/"+id, e.admin, "2.96", ""); st == 404 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("not deleted")
+			}
+			time.Sleep(15 * time.Millisecond)
+		}
+		l := e.must(200, "GET", "/servers/detail?deleted=true", e.admin, "2.96", "")["servers"].([]any)
+		if len(l) != 1 || l[0].(map[string]any)["status"] != "DELETED" || l[0].(map[string]any)["OS-SRV-USG:terminated_at"] == nil {
+			t.Errorf("deleted list: %v", l)
+		}
+		// The actions of a deleted server stay readable (2.21).
+		e.must(200, "GET", "/servers/"+id+"/os-instance-actions", e.admin, "2.21", "")
+	})
+}
+
+// dbURLOrFile is the database a cloud in dir uses for dbURL ("" = SQLite in dir).
+func dbURLOrFile(dbURL, dir string) string {
+	if dbURL == "" {
+		return filepath.Join(dir, "nimbus.db")
+	}
+	return dbURL
 }

@@ -352,11 +352,16 @@ func (s *Service) handleList(detail bool) api.HandlerFunc {
 			}
 		}
 		postFilter := nameRE != nil || ipRE != nil || ip6RE != nil
-		query := "SELECT " + serverCols + " FROM compute_servers WHERE " + strings.Join(where, " AND ") +
-			" ORDER BY " + strings.Join(order, ", ")
+		where2 := strings.Join(where, " AND ") + " ORDER BY " + strings.Join(order, ", ")
 		if !postFilter {
-			query += " LIMIT " + strconv.Itoa(limit)
+			where2 += " LIMIT " + strconv.Itoa(limit)
 		}
+		if !detail && ipRE == nil && ip6RE == nil {
+			// The index view needs only ids and names: no documents, no
+			// addresses (clients poll it, e.g. ?status=ACTIVE).
+			return s.listIndex(r, q, where2, args, nameRE, limit)
+		}
+		query := "SELECT " + serverCols + " FROM compute_servers WHERE " + where2
 		rows, err := s.db.Query(ctx, query, args...)
 		if err != nil {
 			return nil, err
@@ -417,19 +422,11 @@ func (s *Service) handleList(detail bool) api.HandlerFunc {
 		}
 		b = append(b, ']')
 		if len(svs) == limit && limit > 0 {
-			nq := url.Values{}
-			for k, vs := range q {
-				nq[k] = vs
-			}
-			nq.Set("limit", strconv.Itoa(limit))
-			nq.Set("marker", svs[len(svs)-1].ID)
 			path := "servers"
 			if detail {
 				path = "servers/detail"
 			}
-			href := links(r, path)[0]["href"] + "?" + encodeSorted(nq)
-			b = append(b, `,"servers_links":`...)
-			b = appendJSONValue(b, []any{obj{{"rel", "next"}, {"href", href}}})
+			b = appendNextLink(r, b, q, path, limit, svs[len(svs)-1].ID)
 		}
 		b = append(b, '}')
 		return (&api.Response{Status: http.StatusOK, Body: b}).WithHeader("Content-Type", "application/json"), nil
@@ -453,4 +450,53 @@ func encodeSorted(q url.Values) string {
 
 func placeholders(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
+}
+
+// listIndex answers GET /servers from ids and names alone.
+func (s *Service) listIndex(r *http.Request, q url.Values, where string, args []any, nameRE *regexp.Regexp, limit int) (*api.Response, error) {
+	rows, err := s.db.Query(r.Context(), "SELECT id, name FROM compute_servers WHERE "+where, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	b := make([]byte, 0, 4096)
+	b = append(b, `{"servers":[`...)
+	n, last := 0, ""
+	for rows.Next() && n < limit {
+		var id, name string
+		if err := rows.Scan(&id, &name); err != nil {
+			return nil, err
+		}
+		if nameRE != nil && !nameRE.MatchString(name) {
+			continue
+		}
+		if n > 0 {
+			b = append(b, ',')
+		}
+		b = obj{{"id", id}, {"name", name}, {"links", links(r, "servers/"+id)}}.appendJSON(b)
+		n, last = n+1, id
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	b = append(b, ']')
+	if n == limit && limit > 0 {
+		b = appendNextLink(r, b, q, "servers", limit, last)
+	}
+	b = append(b, '}')
+	return (&api.Response{Status: http.StatusOK, Body: b}).WithHeader("Content-Type", "application/json"), nil
+}
+
+// appendNextLink adds servers_links with the next page's URL, keeping the
+// request's other parameters (nova/api/openstack/common.py _get_next_link).
+func appendNextLink(r *http.Request, b []byte, q url.Values, path string, limit int, last string) []byte {
+	nq := url.Values{}
+	for k, vs := range q {
+		nq[k] = vs
+	}
+	nq.Set("limit", strconv.Itoa(limit))
+	nq.Set("marker", last)
+	href := links(r, path)[0]["href"] + "?" + encodeSorted(nq)
+	b = append(b, `,"servers_links":`...)
+	return appendJSONValue(b, []any{obj{{"rel", "next"}, {"href", href}}})
 }

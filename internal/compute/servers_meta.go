@@ -76,7 +76,7 @@ func (s *Service) updateMeta(r *http.Request, rule string, f func(m map[string]s
 			return err
 		}
 		if q.MetadataItems >= 0 && len(sv.Doc.Metadata) > q.MetadataItems {
-			return api.Forbidden("Quota exceeded for metadata_items: Requested %d, but already used 0 of %d metadata_items", len(sv.Doc.Metadata), q.MetadataItems)
+			return metadataOverLimit(q.MetadataItems)
 		}
 		out = sv.Doc.Metadata
 		return s.saveServer(ctx, tx, sv)
@@ -173,7 +173,7 @@ func (s *Service) handleTagCheck(r *http.Request) (*api.Response, error) {
 	}
 	tag := r.PathValue("tag")
 	if !slices.Contains(sv.Tags, tag) {
-		return nil, api.NotFound("Tag '%s' could not be found for instance %s.", tag, sv.ID)
+		return nil, api.NotFound("Instance %s has no tag '%s'", sv.ID, tag)
 	}
 	return api.Empty(http.StatusNoContent), nil
 }
@@ -276,7 +276,7 @@ func (s *Service) handleTagDelete(r *http.Request) (*api.Response, error) {
 	if _, err := s.updateTags(r, "delete_tags", func(sv *server) error {
 		i := slices.Index(sv.Tags, tag)
 		if i < 0 {
-			return api.NotFound("Tag '%s' could not be found for instance %s.", tag, sv.ID)
+			return api.NotFound("Instance %s has no tag '%s'", sv.ID, tag)
 		}
 		sv.Tags = slices.Delete(sv.Tags, i, i+1)
 		return nil
@@ -284,4 +284,10 @@ func (s *Service) handleTagDelete(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	return api.Empty(http.StatusNoContent), nil
+}
+
+// metadataOverLimit is nova's MetadataLimitExceeded, a 403
+// (nova/compute/api.py _check_metadata_properties_quota).
+func metadataOverLimit(allowed int) error {
+	return api.Forbidden("Maximum number of metadata items exceeds %d", allowed)
 }

@@ -52,8 +52,31 @@ type tenantUsage struct {
 	servers                    []map[string]any
 }
 
+// usagePage is 2.40's paging over servers: limit and the last server id seen.
+type usagePage struct {
+	limit  int
+	marker string
+	last   string // id of the last server counted, when the page is full
+}
+
+// parseUsagePage reads limit/marker from 2.40 on; nil means no paging.
+func parseUsagePage(r *http.Request) (*usagePage, error) {
+	if !VersionFrom(r.Context()).AtLeast(40) {
+		return nil, nil
+	}
+	q := r.URL.Query()
+	if q.Get("limit") == "" && q.Get("marker") == "" {
+		return nil, nil
+	}
+	limit, err := parseLimit(q.Get("limit"))
+	if err != nil {
+		return nil, err
+	}
+	return &usagePage{limit: limit, marker: q.Get("marker")}, nil
+}
+
 // usage computes per-project usage over [start, end) for project ("" = all).
-func (s *Service) usage(r *http.Request, project string, start, end time.Time) (map[string]*tenantUsage, []string, error) {
+func (s *Service) usage(r *http.Request, project string, start, end time.Time, page *usagePage) (map[string]*tenantUsage, []string, error) {
 	q := `SELECT ` + serverCols + ` FROM compute_servers WHERE launched_at<>'' AND launched_at < ?
  AND (terminated_at='' OR terminated_at > ?)`
 	args := []any{store.FormatTime(end), store.FormatTime(start)}
@@ -61,7 +84,22 @@ func (s *Service) usage(r *http.Request, project string, start, end time.Time) (
 		q += " AND project_id = ?"
 		args = append(args, project)
 	}
-	rows, err := s.db.Query(r.Context(), q+" ORDER BY created_at, id", args...)
+	if page != nil && page.marker != "" {
+		var created string
+		if err := s.db.QueryRow(r.Context(), "SELECT created_at FROM compute_servers WHERE id = ?", page.marker).Scan(&created); err != nil {
+			if store.IsNoRows(err) {
+				return nil, nil, api.BadRequest("marker [%s] not found", page.marker)
+			}
+			return nil, nil, err
+		}
+		q += " AND (created_at > ? OR (created_at = ? AND id > ?))"
+		args = append(args, created, created, page.marker)
+	}
+	q += " ORDER BY created_at, id"
+	if page != nil {
+		q += " LIMIT " + strconv.Itoa(page.limit)
+	}
+	rows, err := s.db.Query(r.Context(), q, args...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -69,10 +107,15 @@ func (s *Service) usage(r *http.Request, project string, start, end time.Time) (
 	out := map[string]*tenantUsage{}
 	var order []string
 	now := s.now()
+	n := 0
 	for rows.Next() {
 		sv, err := scanServer(rows)
 		if err != nil {
 			return nil, nil, err
+		}
+		n++
+		if page != nil && n == page.limit {
+			page.last = sv.ID
 		}
 		from, to := *sv.LaunchedAt, end
 		if from.Before(start) {
@@ -128,10 +171,11 @@ func (s *Service) handleUsageList(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := parseLimit(r.URL.Query().Get("limit")); err != nil {
+	page, err := parseUsagePage(r)
+	if err != nil {
 		return nil, err
 	}
-	all, order, err := s.usage(r, "", start, end)
+	all, order, err := s.usage(r, "", start, end, page)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +183,11 @@ func (s *Service) handleUsageList(r *http.Request) (*api.Response, error) {
 	for _, p := range order {
 		out = append(out, usageView(all[p], start, end, detailed))
 	}
-	return api.JSON(http.StatusOK, map[string]any{"tenant_usages": out}), nil
+	body := map[string]any{"tenant_usages": out}
+	if page != nil && page.last != "" {
+		body["tenant_usages_links"] = usageLinks(r, "os-simple-tenant-usage", page)
+	}
+	return api.JSON(http.StatusOK, body), nil
 }
 
 // handleUsageShow is GET /os-simple-tenant-usage/{project}: the caller's own
@@ -154,7 +202,11 @@ func (s *Service) handleUsageShow(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	all, _, err := s.usage(r, p, start, end)
+	page, err := parseUsagePage(r)
+	if err != nil {
+		return nil, err
+	}
+	all, _, err := s.usage(r, p, start, end, page)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +214,18 @@ func (s *Service) handleUsageShow(r *http.Request) (*api.Response, error) {
 	if tu == nil {
 		return api.JSON(http.StatusOK, map[string]any{"tenant_usage": map[string]any{}}), nil
 	}
-	return api.JSON(http.StatusOK, map[string]any{"tenant_usage": usageView(tu, start, end, true)}), nil
+	body := map[string]any{"tenant_usage": usageView(tu, start, end, true)}
+	if page != nil && page.last != "" {
+		body["tenant_usage_links"] = usageLinks(r, "os-simple-tenant-usage/"+p, page)
+	}
+	return api.JSON(http.StatusOK, body), nil
 }
 
-var _ = strconv.Itoa
+// usageLinks is the next link of a full usage page (simple_tenant_usage.py
+// _get_instances_all_cells with the view builder's collection links).
+func usageLinks(r *http.Request, path string, page *usagePage) []map[string]string {
+	q := r.URL.Query()
+	q.Set("limit", strconv.Itoa(page.limit))
+	q.Set("marker", page.last)
+	return []map[string]string{{"rel": "next", "href": links(r, path)[0]["href"] + "?" + encodeSorted(q)}}
+}
