@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,7 +39,19 @@ func bench(args []string) error {
 	workers := fs.Int("workers", 16, "concurrent clients")
 	creates := fs.Int("creates", 2000, "servers created in the create scenario")
 	listSize := fs.Int("servers", 10000, "servers in the store for the detail scenario")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.Parse(args)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
 		want[strings.TrimSpace(s)] = true

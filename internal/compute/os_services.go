@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -112,6 +114,7 @@ func (s *Service) ensureServices(ctx context.Context, revive bool) error {
 		}
 	}
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
+		tx.AfterCommit(s.hosts.invalidate)
 		now := store.FormatTime(s.now())
 		for _, w := range wants {
 			var deleted int
@@ -190,7 +193,57 @@ func serviceUp(sv *serviceRow, hosts map[string]driver.Host) bool {
 
 // enabledHosts returns the hosts that may take new servers: up, and with
 // their compute service enabled, not forced down and not deleted.
+//
+// Placement asks on every create, so the answer is cached briefly: a change
+// made through this controller drops the cache at once, one made through
+// another controller sharing the database is seen within hostCacheTTL (as
+// nova's scheduler sees service changes through its host-state cache).
 func (s *Service) enabledHosts(ctx context.Context) ([]driver.Host, error) {
+	if hosts, ok := s.hosts.get(s.now()); ok {
+		return hosts, nil
+	}
+	gen := s.hosts.gen.Load()
+	hosts, err := s.loadEnabledHosts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.hosts.put(hosts, gen, s.now())
+	return hosts, nil
+}
+
+// hostCacheTTL bounds how stale the cached schedulable hosts may be.
+const hostCacheTTL = 2 * time.Second
+
+// hostCache holds the last answer of loadEnabledHosts.
+type hostCache struct {
+	mu    sync.Mutex
+	hosts []driver.Host
+	until time.Time
+	valid uint64
+	gen   atomic.Uint64
+}
+
+func (c *hostCache) get(now time.Time) ([]driver.Host, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.valid == 0 || c.valid != c.gen.Load()+1 || now.After(c.until) {
+		return nil, false
+	}
+	return c.hosts, true
+}
+
+// put stores hosts read at generation gen; a change since then leaves the
+// cache empty.
+func (c *hostCache) put(hosts []driver.Host, gen uint64, now time.Time) {
+	c.mu.Lock()
+	c.hosts, c.until, c.valid = hosts, now.Add(hostCacheTTL), gen+1
+	c.mu.Unlock()
+}
+
+// invalidate forgets the cached hosts after a service change.
+func (c *hostCache) invalidate() { c.gen.Add(1) }
+
+func (s *Service) loadEnabledHosts(ctx context.Context) ([]driver.Host, error) {
 	if err := s.ensureServices(ctx, false); err != nil {
 		return nil, err
 	}
@@ -362,6 +415,7 @@ func (s *Service) updateServiceLegacy(r *http.Request) (*api.Response, error) {
 
 // setService applies one change to a service row.
 func (s *Service) setService(ctx context.Context, tx *store.Tx, sv *serviceRow, action, reason string, forced bool) error {
+	tx.AfterCommit(s.hosts.invalidate)
 	now := store.FormatTime(s.now())
 	var err error
 	switch action {
@@ -497,6 +551,7 @@ func (s *Service) deleteService(r *http.Request) (*api.Response, error) {
 				return api.Conflict("Unable to delete compute service that is hosting instances. Migrate or delete the instances first.")
 			}
 		}
+		tx.AfterCommit(s.hosts.invalidate)
 		_, err = tx.Exec(ctx, "UPDATE compute_services SET deleted = 1, updated_at = ? WHERE id = ?", store.FormatTime(s.now()), sv.ID)
 		return err
 	})

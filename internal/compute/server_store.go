@@ -93,6 +93,46 @@ type server struct {
 	// placed is what the row counted on its host when read, so that
 	// saveServer can move the difference in compute_host_usage.
 	placed placement
+	// counted is what the row counted against its project's quota when
+	// read, so that saveServer can move the difference in
+	// compute_project_usage.
+	counted quotaUse
+}
+
+// quotaUse is what a server counts against its project's quota: its flavor
+// while it is not deleted (shelved-offloaded servers still count, as in Nova).
+type quotaUse struct {
+	project               string
+	instances, cores, ram int
+}
+
+func quotaUseOf(sv *server) quotaUse {
+	if sv.Deleted {
+		return quotaUse{}
+	}
+	return quotaUse{sv.ProjectID, 1, sv.VCPUs, sv.MemoryMB}
+}
+
+// moveQuotaUse applies a server's change of quota use to its project's totals.
+func moveQuotaUse(ctx context.Context, q store.Querier, from, to quotaUse) error {
+	if from == to {
+		return nil
+	}
+	if from.project != "" {
+		if _, err := q.Exec(ctx, `UPDATE compute_project_usage SET instances = instances - ?, cores = cores - ?, ram = ram - ?
+ WHERE project_id = ?`, from.instances, from.cores, from.ram, from.project); err != nil {
+			return err
+		}
+	}
+	if to.project != "" {
+		if _, err := q.Exec(ctx, `INSERT INTO compute_project_usage (project_id, instances, cores, ram) VALUES (?, ?, ?, ?)
+ ON CONFLICT (project_id) DO UPDATE SET instances = compute_project_usage.instances + excluded.instances,
+ cores = compute_project_usage.cores + excluded.cores, ram = compute_project_usage.ram + excluded.ram`,
+			to.project, to.instances, to.cores, to.ram); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // placement is what a server holds on a host; a zero value holds nothing.
@@ -204,6 +244,7 @@ func scanServerWith(sc interface{ Scan(...any) error }, cache *docCache) (*serve
 		sv.TerminatedAt = timePtr(store.ParseTime(terminated))
 	}
 	sv.placed = placementOf(&sv)
+	sv.counted = quotaUseOf(&sv)
 	if cache != nil {
 		if err := cache.decode(sv.ID, doc, &sv.Doc); err != nil {
 			return nil, err
@@ -253,6 +294,10 @@ func (s *Service) insertServer(ctx context.Context, q store.Querier, sv *server)
 		return err
 	}
 	sv.placed = placementOf(sv)
+	if err := moveQuotaUse(ctx, q, quotaUse{}, quotaUseOf(sv)); err != nil {
+		return err
+	}
+	sv.counted = quotaUseOf(sv)
 	_, err := q.Exec(ctx, `INSERT INTO compute_servers (`+serverCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sv.ID, sv.ProjectID, sv.UserID, sv.Name, sv.VMState, sv.TaskState, sv.Power, sv.Host, sv.FlavorID, sv.ImageRef,
 		sv.ReservationID, sv.LaunchIndex, b2i(sv.Locked), sv.AZ, sv.KeyName, sv.Hostname, joinTags(sv.Tags),
@@ -267,6 +312,10 @@ func (s *Service) saveServer(ctx context.Context, q store.Querier, sv *server) e
 		return err
 	}
 	sv.placed = placementOf(sv)
+	if err := moveQuotaUse(ctx, q, sv.counted, quotaUseOf(sv)); err != nil {
+		return err
+	}
+	sv.counted = quotaUseOf(sv)
 	sv.UpdatedAt = s.now()
 	_, err := q.Exec(ctx, `UPDATE compute_servers SET name=?, vm_state=?, task_state=?, power_state=?, host=?, flavor_id=?,
  image_ref=?, locked=?, availability_zone=?, key_name=?, hostname=?, tags=?, vcpus=?, memory_mb=?, disk_gb=?,
@@ -337,7 +386,10 @@ func lockProjectQuota(ctx context.Context, tx *store.Tx, projectID string) error
 func (s *Service) projectUsage(ctx context.Context, q store.Querier, projectID string) (instances, cores, ram int, err error) {
 	// Quota counts the flavor, not the placement: shelved-offloaded servers
 	// still count (nova counts instances.vcpus/memory_mb of live rows).
-	err = q.QueryRow(ctx, `SELECT COUNT(*), COALESCE(SUM(vcpus),0), COALESCE(SUM(memory_mb),0) FROM compute_servers
- WHERE project_id=? AND deleted=0`, projectID).Scan(&instances, &cores, &ram)
+	err = q.QueryRow(ctx, `SELECT instances, cores, ram FROM compute_project_usage WHERE project_id = ?`,
+		projectID).Scan(&instances, &cores, &ram)
+	if store.IsNoRows(err) {
+		return 0, 0, 0, nil
+	}
 	return
 }

@@ -29,6 +29,7 @@ type Service struct {
 	now      func() time.Time
 	queue    *workQueue // reconcile loop work (servers half)
 	docs     docCache   // decoded server documents for lists (servers half)
+	hosts    hostCache  // schedulable hosts, read on every placement
 }
 
 // Deps are the compute service's collaborators.

@@ -2,7 +2,10 @@ package network
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"net/netip"
 
 	"nimbus/internal/api"
@@ -160,8 +163,25 @@ func tryInsert(ctx context.Context, q store.Querier, f FixedIP, networkID, owner
 	return n == 1, err
 }
 
-// claim takes the first free address of a subnet for owner.
+// claim takes a free address of a subnet for owner. Like neutron's IPAM
+// (neutrondb_ipam driver _generate_ips picks at random) it first tries a few
+// random addresses of the pools, so that allocation stays one insert however
+// full a large subnet is; a small or nearly full subnet falls back to
+// scanning for the first free address.
 func claim(ctx context.Context, q store.Querier, s *subnetRow, networkID, owner string, seq int) (string, error) {
+	for range 8 {
+		ip, ok := randomInPools(s)
+		if !ok {
+			break
+		}
+		if s.Gateway != nil && ip == *s.Gateway {
+			continue
+		}
+		took, err := tryInsert(ctx, q, FixedIP{SubnetID: s.ID, IPAddress: ip}, networkID, owner, seq)
+		if err != nil || took {
+			return ip, err
+		}
+	}
 	skip := map[string]bool{}
 	for range 64 {
 		ip, err := nextFree(ctx, q, s, skip)
@@ -304,4 +324,71 @@ func asAPI(err error) error {
 		return e
 	}
 	return err
+}
+
+// randomPoolMin is the pool size under which claim scans instead of probing
+// at random: small subnets are cheap to scan and fill up quickly.
+const randomPoolMin = 64
+
+// randomInPools picks an address uniformly from a subnet's allocation
+// pools; ok is false when the pools are small (or malformed).
+func randomInPools(s *subnetRow) (string, bool) {
+	type span struct {
+		start netip.Addr
+		size  uint64
+	}
+	var spans []span
+	var total uint64
+	for _, pl := range s.Pools {
+		a, err1 := netip.ParseAddr(pl.Start)
+		b, err2 := netip.ParseAddr(pl.End)
+		if err1 != nil || err2 != nil || a.Is4() != b.Is4() || b.Less(a) {
+			continue
+		}
+		ahi, alo := addrBits(a)
+		bhi, blo := addrBits(b)
+		size := blo - alo + 1
+		if bhi != ahi || size == 0 {
+			size = math.MaxUint64 // spans more than 2^64 addresses (IPv6)
+		}
+		spans = append(spans, span{a, size})
+		if total+size < total {
+			total = math.MaxUint64
+		} else {
+			total += size
+		}
+	}
+	if total < randomPoolMin {
+		return "", false
+	}
+	n := rand.Uint64N(total)
+	for _, sp := range spans {
+		if n < sp.size {
+			return addrPlus(sp.start, n).String(), true
+		}
+		n -= sp.size
+	}
+	return "", false
+}
+
+func addrBits(a netip.Addr) (hi, lo uint64) {
+	b := a.As16()
+	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+}
+
+// addrPlus returns a+n within a's family.
+func addrPlus(a netip.Addr, n uint64) netip.Addr {
+	hi, lo := addrBits(a)
+	lo2 := lo + n
+	if lo2 < lo {
+		hi++
+	}
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], hi)
+	binary.BigEndian.PutUint64(b[8:], lo2)
+	out := netip.AddrFrom16(b)
+	if a.Is4() {
+		return out.Unmap()
+	}
+	return out
 }

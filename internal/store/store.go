@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
@@ -41,6 +43,7 @@ var ErrConflict = errors.New("conflict")
 type DB struct {
 	sql     *sql.DB
 	dialect Dialect
+	stmts   stmtCache
 }
 
 // Open connects to the database named by url and runs the migrations.
@@ -93,11 +96,24 @@ func open(url string) (*DB, error) {
 	}
 	// Keep the file private: it holds password hashes and customer data.
 	_ = os.Chmod(path, 0o600)
-	return &DB{sql: sqldb, dialect: SQLite}, nil
+	db := &DB{sql: sqldb, dialect: SQLite}
+	db.startStmtCache()
+	return db, nil
 }
 
 // Close closes the database.
-func (db *DB) Close() error { return db.sql.Close() }
+func (db *DB) Close() error {
+	if db.stmts.quit != nil {
+		db.stmts.once.Do(func() { close(db.stmts.quit) })
+		<-db.stmts.done
+	}
+	db.stmts.m.Range(func(q, st any) bool {
+		st.(*sql.Stmt).Close()
+		db.stmts.m.Delete(q)
+		return true
+	})
+	return db.sql.Close()
+}
 
 // Dialect tells which engine the handle is on.
 func (db *DB) Dialect() Dialect { return db.dialect }
@@ -140,23 +156,100 @@ type Querier interface {
 
 // Exec runs a statement outside any transaction.
 func (db *DB) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	if st := db.stmt(q); st != nil {
+		res, err := st.ExecContext(ctx, args...)
+		return res, classify(err)
+	}
 	res, err := db.sql.ExecContext(ctx, db.Rebind(q), args...)
 	return res, classify(err)
 }
 
 // Query runs a query outside any transaction.
 func (db *DB) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	if st := db.stmt(q); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
 	return db.sql.QueryContext(ctx, db.Rebind(q), args...)
 }
 
 // QueryRow runs a query that returns at most one row.
 func (db *DB) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	if st := db.stmt(q); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
 	return db.sql.QueryRowContext(ctx, db.Rebind(q), args...)
+}
+
+// stmtCacheMax bounds the prepared statements kept: queries built with a
+// varying number of placeholders would otherwise grow the cache forever.
+const stmtCacheMax = 2000
+
+// stmtCache keeps prepared statements by query text. database/sql prepares
+// each on a connection the first time it runs there and reuses it after,
+// also inside transactions (Tx.StmtContext), which spares SQLite a parse and
+// plan per query. PostgreSQL needs none: pgx caches statements per
+// connection itself.
+//
+// A miss never prepares in the caller: a caller inside a transaction holds
+// a pooled connection, and preparing needs another, which under load could
+// wait on the very connections that wait for this transaction's lock.
+// Misses go to a background goroutine instead; the query runs unprepared
+// this once.
+type stmtCache struct {
+	m    sync.Map // query -> *sql.Stmt
+	n    atomic.Int64
+	want chan string
+	quit chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func (db *DB) startStmtCache() {
+	db.stmts.want = make(chan string, 256)
+	db.stmts.quit = make(chan struct{})
+	db.stmts.done = make(chan struct{})
+	go func() {
+		defer close(db.stmts.done)
+		for {
+			var q string
+			select {
+			case <-db.stmts.quit:
+				return
+			case q = <-db.stmts.want:
+			}
+			if _, ok := db.stmts.m.Load(q); ok || db.stmts.n.Load() >= stmtCacheMax {
+				continue
+			}
+			st, err := db.sql.Prepare(q)
+			if err != nil {
+				continue // the plain path reports the error
+			}
+			db.stmts.m.Store(q, st)
+			db.stmts.n.Add(1)
+		}
+	}()
+}
+
+func (db *DB) stmt(q string) *sql.Stmt {
+	if db.stmts.want == nil {
+		return nil
+	}
+	if st, ok := db.stmts.m.Load(q); ok {
+		return st.(*sql.Stmt)
+	}
+	if db.stmts.n.Load() < stmtCacheMax {
+		select {
+		case db.stmts.want <- q:
+		default:
+		}
+	}
+	return nil
 }
 
 // Tx is one open transaction.
 type Tx struct {
 	tx      *sql.Tx
+	db      *DB
 	dialect Dialect
 	after   []func()
 }
@@ -166,17 +259,27 @@ func (tx *Tx) Dialect() Dialect { return tx.dialect }
 
 // Exec runs a statement in the transaction.
 func (tx *Tx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	if st := tx.db.stmt(q); st != nil {
+		res, err := tx.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		return res, classify(err)
+	}
 	res, err := tx.tx.ExecContext(ctx, rebind(tx.dialect, q), args...)
 	return res, classify(err)
 }
 
 // Query runs a query in the transaction.
 func (tx *Tx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	if st := tx.db.stmt(q); st != nil {
+		return tx.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
 	return tx.tx.QueryContext(ctx, rebind(tx.dialect, q), args...)
 }
 
 // QueryRow runs a query that returns at most one row in the transaction.
 func (tx *Tx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	if st := tx.db.stmt(q); st != nil {
+		return tx.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
 	return tx.tx.QueryRowContext(ctx, rebind(tx.dialect, q), args...)
 }
 
@@ -203,7 +306,7 @@ func (db *DB) tx(ctx context.Context, f func(tx *Tx) error) (err error) {
 	if err != nil {
 		return fmt.Errorf("store: begin: %w", err)
 	}
-	tx := &Tx{tx: sqltx, dialect: db.dialect}
+	tx := &Tx{tx: sqltx, db: db, dialect: db.dialect}
 	defer func() {
 		if p := recover(); p != nil {
 			_ = sqltx.Rollback()

@@ -7,8 +7,8 @@
 package fake
 
 import (
+	"bufio"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,10 +28,10 @@ type Config struct {
 	// Delay scales every operation's simulated duration; 0 means instant.
 	Delay time.Duration
 	// StateFile, when set, is where the fleet keeps its view of which VMs
-	// run, so that it survives a restart as real VMs do. Each VM is one
-	// small file in the directory StateFile+".d", replaced (temp file and
-	// rename) on every change, so a change costs the same with ten VMs or
-	// ten thousand.
+	// exist, as an append-only journal of JSON lines (one per change, so a
+	// change costs one small write however big the fleet), compacted on
+	// start and when it grows past a few lines per VM. A restart keeps
+	// running VMs, as real hypervisors do.
 	StateFile string
 }
 
@@ -77,13 +77,23 @@ type Driver struct {
 	hosts []driver.Host
 	vms   map[string]*vm
 	fail  map[string][]error
+
+	// Journal writes happen outside mu so that file I/O does not hold up
+	// the fleet: seq (taken under mu) orders the records, and persist drops
+	// a record that a newer one of the same VM, or a compaction, overtook.
+	seq       uint64
+	jmu       sync.Mutex // guards the fields below; taken after mu, never before
+	journal   *os.File
+	lines     int
+	compacted uint64
+	written   map[string]uint64
 }
 
 var _ driver.Driver = (*Driver)(nil)
 
 // New makes a fake fleet, loading the VMs recorded in cfg.StateFile.
 func New(cfg Config) (*Driver, error) {
-	d := &Driver{cfg: cfg, vms: map[string]*vm{}, fail: map[string][]error{}}
+	d := &Driver{cfg: cfg, vms: map[string]*vm{}, fail: map[string][]error{}, written: map[string]uint64{}}
 	now := time.Now().Unix()
 	for _, h := range cfg.Hosts {
 		if h.Zone == "" {
@@ -100,24 +110,15 @@ func New(cfg Config) (*Driver, error) {
 		}
 		d.hosts = append(d.hosts, h)
 	}
-	if dir := d.stateDir(); dir != "" {
-		entries, err := os.ReadDir(dir)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("fake: %w", err)
+	if cfg.StateFile != "" {
+		if err := d.replay(); err != nil {
+			return nil, err
 		}
-		for _, e := range entries {
-			if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
-				continue
-			}
-			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-			if err != nil {
-				return nil, fmt.Errorf("fake: %w", err)
-			}
-			var v vm
-			if err := json.Unmarshal(b, &v); err != nil || v.ID == "" {
-				return nil, fmt.Errorf("fake: %s: corrupt VM record: %v", e.Name(), err)
-			}
-			d.vms[v.ID] = &v
+		d.mu.Lock()
+		err := d.compactLocked()
+		d.mu.Unlock()
+		if err != nil {
+			return nil, err
 		}
 	}
 	return d, nil
@@ -246,75 +247,161 @@ func (d *Driver) wait(ctx context.Context, op string) error {
 // change runs f on the VM under the lock and saves the VM's record.
 func (d *Driver) change(id string, f func(v *vm) error) error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	v, ok := d.vms[id]
 	if !ok {
+		d.mu.Unlock()
 		return driver.ErrNotFound
 	}
 	if err := f(v); err != nil {
+		d.mu.Unlock()
 		return err
 	}
-	return d.saveLocked(v)
-}
-
-func (d *Driver) stateDir() string {
-	if d.cfg.StateFile == "" {
-		return ""
+	w, err := d.saveLocked(v)
+	d.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	return d.cfg.StateFile + ".d"
+	return d.persist(w)
 }
 
-// recordPath is the file of one VM; ids that are not plain names are
-// hex-encoded so that no id can name a path outside the directory.
-func (d *Driver) recordPath(id string) string {
-	name := id
-	if strings.Trim(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != "" {
-		name = "x" + hex.EncodeToString([]byte(id))
-	}
-	return filepath.Join(d.stateDir(), name+".json")
+// entry is one journal line: a VM's whole record, or its removal.
+type entry struct {
+	Put *vm    `json:"put,omitempty"`
+	Del string `json:"del,omitempty"`
 }
 
-// saveLocked writes a VM's record: a temp file renamed over the old one.
-// What only the guest needs at first boot (user data, admin password) is
-// not kept.
-func (d *Driver) saveLocked(v *vm) error {
-	dir := d.stateDir()
-	if dir == "" {
+// replay reads the journal into d.vms; a line that does not parse is an
+// error rather than a silently lost VM.
+func (d *Driver) replay() error {
+	f, err := os.Open(d.cfg.StateFile)
+	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	rec := *v
-	rec.Spec.UserData, rec.Spec.AdminPass = nil, ""
-	b, err := json.Marshal(&rec)
 	if err != nil {
-		return fmt.Errorf("fake: save: %w", err)
+		return fmt.Errorf("fake: %w", err)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("fake: save: %w", err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
+	for n := 1; sc.Scan(); n++ {
+		var e entry
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || (e.Put == nil && e.Del == "") || (e.Put != nil && e.Put.ID == "") {
+			return fmt.Errorf("fake: %s line %d: corrupt VM record: %v", d.cfg.StateFile, n, err)
+		}
+		if e.Put != nil {
+			d.vms[e.Put.ID] = e.Put
+		} else {
+			delete(d.vms, e.Del)
+		}
 	}
-	tmp, err := os.CreateTemp(dir, ".vm-*")
-	if err != nil {
-		return fmt.Errorf("fake: save: %w", err)
-	}
-	_, werr := tmp.Write(b)
-	if err := tmp.Close(); werr == nil {
-		werr = err
-	}
-	if werr == nil {
-		werr = os.Rename(tmp.Name(), d.recordPath(v.ID))
-	}
-	if werr != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("fake: save: %w", werr)
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("fake: %s: %w", d.cfg.StateFile, err)
 	}
 	return nil
 }
 
-func (d *Driver) removeLocked(id string) error {
-	if d.stateDir() == "" {
+// compactLocked rewrites the journal as one line per live VM (temp file and
+// rename) and reopens it for appending. Callers hold d.mu.
+func (d *Driver) compactLocked() error {
+	d.jmu.Lock()
+	defer d.jmu.Unlock()
+	var buf []byte
+	for _, v := range d.vms {
+		b, err := json.Marshal(entry{Put: forDisk(v)})
+		if err != nil {
+			return fmt.Errorf("fake: compact: %w", err)
+		}
+		buf = append(append(buf, b...), '\n')
+	}
+	if err := os.MkdirAll(filepath.Dir(d.cfg.StateFile), 0o700); err != nil {
+		return fmt.Errorf("fake: compact: %w", err)
+	}
+	tmp := d.cfg.StateFile + ".tmp"
+	if err := os.WriteFile(tmp, buf, 0o600); err != nil {
+		return fmt.Errorf("fake: compact: %w", err)
+	}
+	if err := os.Rename(tmp, d.cfg.StateFile); err != nil {
+		return fmt.Errorf("fake: compact: %w", err)
+	}
+	if d.journal != nil {
+		d.journal.Close()
+	}
+	f, err := os.OpenFile(d.cfg.StateFile, os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("fake: compact: %w", err)
+	}
+	d.journal, d.lines, d.compacted = f, len(d.vms), d.seq
+	clear(d.written)
+	return nil
+}
+
+// forDisk is v without what only the guest needs at first boot (user data,
+// admin password), which is never kept.
+func forDisk(v *vm) *vm {
+	rec := *v
+	rec.Spec.UserData, rec.Spec.AdminPass = nil, ""
+	return &rec
+}
+
+// record is one pending journal line.
+type record struct {
+	id   string
+	line []byte
+	seq  uint64
+}
+
+// saveLocked prepares the journal line of a VM's record for persist.
+func (d *Driver) saveLocked(v *vm) (record, error) {
+	d.seq++
+	if d.cfg.StateFile == "" {
+		return record{}, nil
+	}
+	b, err := json.Marshal(entry{Put: forDisk(v)})
+	if err != nil {
+		return record{}, fmt.Errorf("fake: save: %w", err)
+	}
+	return record{id: v.ID, line: append(b, '\n'), seq: d.seq}, nil
+}
+
+// removeLocked prepares the journal line of a VM's removal.
+func (d *Driver) removeLocked(id string) record {
+	d.seq++
+	if d.cfg.StateFile == "" {
+		return record{}
+	}
+	b, _ := json.Marshal(entry{Del: id})
+	return record{id: id, line: append(b, '\n'), seq: d.seq}
+}
+
+// persist appends a prepared line to the journal, unless a newer record of
+// the same VM or a compaction got there first. It runs without d.mu, and
+// compacts the journal when it has grown past a few lines per VM.
+func (d *Driver) persist(r record) error {
+	if r.id == "" {
 		return nil
 	}
-	if err := os.Remove(d.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("fake: remove: %w", err)
+	d.jmu.Lock()
+	if r.seq <= d.compacted || r.seq <= d.written[r.id] {
+		d.jmu.Unlock()
+		return nil
+	}
+	d.written[r.id] = r.seq
+	_, err := d.journal.Write(r.line)
+	d.lines++
+	grown := d.lines > 1000 && d.lines > 8*len(d.written)
+	d.jmu.Unlock()
+	if err != nil {
+		return fmt.Errorf("fake: save: %w", err)
+	}
+	if grown {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.jmu.Lock()
+		need := d.lines > 1000 && d.lines > 4*len(d.vms)
+		d.jmu.Unlock()
+		if need {
+			return d.compactLocked()
+		}
 	}
 	return nil
 }
@@ -383,6 +470,14 @@ func (d *Driver) Spawn(ctx context.Context, spec driver.Spec) error {
 	if err := d.wait(ctx, OpSpawn); err != nil {
 		return err
 	}
+	w, err := d.spawnLocked(spec)
+	if err != nil {
+		return err
+	}
+	return d.persist(w)
+}
+
+func (d *Driver) spawnLocked(spec driver.Spec) (record, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if v, ok := d.vms[spec.ServerID]; ok {
@@ -394,19 +489,20 @@ func (d *Driver) Spawn(ctx context.Context, spec driver.Spec) error {
 	}
 	h, ok := d.hostLocked(spec.Host)
 	if !ok {
-		return fmt.Errorf("fake: spawn %s: no host %q in the fleet", spec.ServerID, spec.Host)
+		return record{}, fmt.Errorf("fake: spawn %s: no host %q in the fleet", spec.ServerID, spec.Host)
 	}
 	if !h.Up {
-		return fmt.Errorf("fake: spawn %s: host %q is down", spec.ServerID, spec.Host)
+		return record{}, fmt.Errorf("fake: spawn %s: host %q is down", spec.ServerID, spec.Host)
 	}
 	spec.UserData = append([]byte(nil), spec.UserData...)
 	v := &vm{ID: spec.ServerID, Host: spec.Host, Power: driver.Running, Spec: spec, Since: time.Now()}
 	v.boot()
-	if err := d.saveLocked(v); err != nil {
-		return err
+	w, err := d.saveLocked(v)
+	if err != nil {
+		return record{}, err
 	}
 	d.vms[v.ID] = v
-	return nil
+	return w, nil
 }
 
 // Destroy removes a server; an unknown server is not an error.
@@ -415,15 +511,14 @@ func (d *Driver) Destroy(ctx context.Context, id string) error {
 		return err
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if _, ok := d.vms[id]; !ok {
+		d.mu.Unlock()
 		return nil
 	}
-	if err := d.removeLocked(id); err != nil {
-		return err
-	}
+	w := d.removeLocked(id)
 	delete(d.vms, id)
-	return nil
+	d.mu.Unlock()
+	return d.persist(w)
 }
 
 // PowerOff stops a server.

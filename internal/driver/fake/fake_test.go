@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -165,23 +166,30 @@ func TestRestartKeepsVMs(t *testing.T) {
 	if out, _ := d2.ConsoleOutput(ctx, "a", 0); !strings.Contains(out, "login:") {
 		t.Errorf("console lost on restart: %q", out)
 	}
-	entries, _ := os.ReadDir(state + ".d")
-	if len(entries) != 2 {
-		t.Errorf("want one record per VM and no temp files: %v", entries)
-	}
 	if err := d2.Destroy(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	if entries, _ := os.ReadDir(state + ".d"); len(entries) != 1 {
-		t.Errorf("destroy left its record: %v", entries)
-	}
-	b, _ := os.ReadFile(filepath.Join(state+".d", "a.json"))
+	b, _ := os.ReadFile(state)
 	if strings.Contains(string(b), "s3cret") {
 		t.Error("the admin password was persisted")
 	}
-	if err := os.WriteFile(filepath.Join(state+".d", "c.json"), []byte("{nope"), 0o600); err != nil {
+	d3, err := New(Config{Hosts: DefaultFleet(), StateFile: state})
+	if err != nil {
 		t.Fatal(err)
 	}
+	if list, _ := d3.List(ctx); len(list) != 1 || list[0].ID != "a" {
+		t.Errorf("after destroy and restart: %+v", list)
+	}
+	// A restart compacts the journal to one line per VM.
+	if b, _ := os.ReadFile(state); strings.Count(string(b), "\n") != 1 {
+		t.Errorf("journal not compacted:\n%s", b)
+	}
+	f, err := os.OpenFile(state, os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("{nope\n")
+	f.Close()
 	if _, err := New(Config{StateFile: state}); err == nil {
 		t.Error("a corrupt record was accepted")
 	}
@@ -258,16 +266,12 @@ func TestLoadFleet(t *testing.T) {
 	}
 }
 
-func TestOddIDsStayInStateDir(t *testing.T) {
+func TestOddIDsSurviveRestart(t *testing.T) {
 	ctx := context.Background()
 	d, state := newFleet(t, 0)
-	id := "../../escape"
+	id := "../../escape\n\"odd\""
 	if err := d.Spawn(ctx, spec(id)); err != nil {
 		t.Fatal(err)
-	}
-	entries, _ := os.ReadDir(state + ".d")
-	if len(entries) != 1 || !strings.HasPrefix(entries[0].Name(), "x") {
-		t.Fatalf("records %v", entries)
 	}
 	d2, err := New(Config{Hosts: DefaultFleet(), StateFile: state})
 	if err != nil {
@@ -275,5 +279,46 @@ func TestOddIDsStayInStateDir(t *testing.T) {
 	}
 	if p, err := d2.State(ctx, id); err != nil || p != driver.Running {
 		t.Fatalf("after restart: %v %v", p, err)
+	}
+}
+
+// TestJournalCompactsWhileRunning checks that a long-running fleet does not
+// grow its journal without bound and loses nothing when it compacts.
+func TestJournalCompactsWhileRunning(t *testing.T) {
+	ctx := context.Background()
+	d, state := newFleet(t, 0)
+	for i := range 50 {
+		id := "vm-" + strconv.Itoa(i)
+		if err := d.Spawn(ctx, spec(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 20 {
+		for i := range 50 {
+			id := "vm-" + strconv.Itoa(i)
+			if err := d.PowerOff(ctx, id, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.PowerOn(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	b, _ := os.ReadFile(state)
+	if n := strings.Count(string(b), "\n"); n > 1200 {
+		t.Errorf("journal has %d lines for 50 VMs after 2000 changes", n)
+	}
+	d2, err := New(Config{Hosts: DefaultFleet(), StateFile: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, _ := d2.List(ctx)
+	if len(list) != 50 {
+		t.Fatalf("after restart: %d VMs, want 50", len(list))
+	}
+	for _, v := range list {
+		if v.Power != driver.Running {
+			t.Errorf("%s: power %v after restart, want running", v.ID, v.Power)
+		}
 	}
 }
