@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"nimbus/internal/api"
@@ -197,9 +198,10 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	handlers["identity"].(*api.Service).AuthURL = c.IdentityURL
 	runCtx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
+	ops := opsHandler(c)
 	for name, ln := range lns {
 		srv := &http.Server{
-			Handler:           withOps(handlers[name], c),
+			Handler:           withOps(handlers[name], ops),
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       120 * time.Second,
 			ErrorLog:          slog.NewLogLogger(cfg.Log.Handler(), slog.LevelWarn),
@@ -263,9 +265,24 @@ func newDriver(cfg Config) (driver.Driver, error) {
 	return nil, fmt.Errorf("cloud: unknown driver %q (this build has: fake)", cfg.Driver)
 }
 
-// withOps serves the health and metrics endpoints on every listener.
-func withOps(h http.Handler, c *Cloud) http.Handler {
-	metrics := promhttp.Handler()
+// withOps serves the health and metrics endpoints on every listener. The
+// metrics are the process-wide ones (requests, latencies, Go runtime) plus
+// this cloud's own collectors, kept in a registry of its own so that tests
+// can run several clouds in one process.
+func withOps(h, ops http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/metrics" {
+			ops.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func opsHandler(c *Cloud) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c.Compute.Collector())
+	metrics := promhttp.HandlerFor(prometheus.Gatherers{prometheus.DefaultGatherer, reg}, promhttp.HandlerOpts{})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/healthz":
@@ -280,9 +297,7 @@ func withOps(h http.Handler, c *Cloud) http.Handler {
 			return
 		case "/metrics":
 			metrics.ServeHTTP(w, r)
-			return
 		}
-		h.ServeHTTP(w, r)
 	})
 }
 

@@ -1,8 +1,10 @@
 package cloud_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 
 	"nimbus/internal/cloud"
@@ -44,4 +46,34 @@ func TestFirstStartAndRestart(t *testing.T) {
 		resp, body = testenv.Do(t, testenv.HTTPClient(t, c2), "GET", c2.IdentityURL+"/auth/tokens", tok, "", "X-Subject-Token", tok)
 		testenv.MustStatus(t, resp, body, http.StatusOK)
 	})
+}
+
+// TestHealthAndMetrics checks the operator endpoints every listener serves.
+func TestHealthAndMetrics(t *testing.T) {
+	c := testenv.StartCloud(t, "")
+	client := testenv.HTTPClient(t, c)
+	resp, body := testenv.Do(t, client, "GET", strings.TrimSuffix(c.ComputeURL, "/v2.1")+"/healthz", "", "")
+	testenv.MustStatus(t, resp, body, http.StatusOK)
+
+	tok := testenv.Token(t, c, cloud.DemoUser)
+	resp, body = testenv.Do(t, client, "GET", c.ImageURL+"/v2/images?os_type=linux&limit=1", tok, "")
+	testenv.MustStatus(t, resp, body, http.StatusOK)
+	var images struct {
+		Images []struct{ ID string } `json:"images"`
+	}
+	if err := json.Unmarshal([]byte(body), &images); err != nil || len(images.Images) != 1 {
+		t.Fatalf("images: %v %s", err, body)
+	}
+	resp, body = testenv.Do(t, client, "POST", c.ComputeURL+"/servers", tok,
+		`{"server":{"name":"m","imageRef":"`+images.Images[0].ID+`","flavorRef":"2"}}`)
+	testenv.MustStatus(t, resp, body, http.StatusAccepted)
+
+	resp, body = testenv.Do(t, client, "GET", c.NetworkURL+"/metrics", "", "")
+	testenv.MustStatus(t, resp, body, http.StatusOK)
+	for _, want := range []string{`nimbus_http_requests_total{code="202",method="POST",service="compute"}`,
+		`nimbus_http_request_duration_seconds_bucket`, `nimbus_servers{status=`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
 }

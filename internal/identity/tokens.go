@@ -221,6 +221,7 @@ func (s *Service) lookup(ctx context.Context, token string) (cached, error) {
 	s.cache.put(hash, e)
 	return e, nil
 }
+
 // revoke deletes a token.
 func (s *Service) revoke(ctx context.Context, id string) error {
 	hash := hashToken(id)
