@@ -9,7 +9,10 @@ import (
 	"nimbus/internal/store"
 )
 
-// errNoValidHost is the scheduler's NoValidHost.
+// errNoValidHost is the scheduler's NoValidHost; its text is Nova's fault
+// message, which clients show as is.
+//
+//lint:ignore ST1005 Nova's exact words (nova/exception.py NoValidHost)
 var errNoValidHost = errors.New("No valid host was found. There are not enough hosts available.")
 
 // placementLock is the PostgreSQL advisory lock that serialises host

@@ -220,7 +220,7 @@ func serverLife(t *testing.T, e *env, mv string) {
 
 	// Shelve and unshelve.
 	e.action(id, e.demo, mv, `{"shelve":null}`, 202)
-	s = e.wait(id, e.demo, "SHELVED_OFFLOADED")
+	e.wait(id, e.demo, "SHELVED_OFFLOADED")
 	if a := e.server(id, e.admin, mv); a["OS-EXT-SRV-ATTR:host"] != nil {
 		t.Errorf("offloaded server keeps host %v", a["OS-EXT-SRV-ATTR:host"])
 	}

@@ -92,12 +92,10 @@ func statusOf(vm, task string) string {
 }
 
 // stateFilter is one (vm_state, task_states) clause of a status filter; nil
-// tasks means any task state, and excludeTasks lists task states that map
-// to another status.
+// tasks means any task state.
 type stateFilter struct {
-	vm           string
-	tasks        []string
-	excludeTasks []string
+	vm    string
+	tasks []string
 }
 
 // statusFilters maps a status back through stateMap, as Nova's

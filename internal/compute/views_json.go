@@ -28,16 +28,6 @@ func (o *obj) set(k string, v any) {
 	*o = append(*o, kv{k, v})
 }
 
-// get returns k's value.
-func (o obj) get(k string) (any, bool) {
-	for _, e := range o {
-		if e.k == k {
-			return e.v, true
-		}
-	}
-	return nil, false
-}
-
 // MarshalJSON encodes o.
 func (o obj) MarshalJSON() ([]byte, error) { return o.appendJSON(make([]byte, 0, 1024)), nil }
 

@@ -3,7 +3,6 @@ package identity
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"strings"
 	"time"
 
@@ -321,8 +320,4 @@ func PutSetting(ctx context.Context, tx *store.Tx, name, value string) error {
 	}
 	_, err := tx.Exec(ctx, "INSERT INTO settings (name, value) VALUES (?, ?)", name, value)
 	return err
-}
-
-func notFound(kind, id string) error {
-	return fmt.Errorf("%w: could not find %s: %s", store.ErrNotFound, kind, id)
 }

@@ -168,22 +168,6 @@ func schemaError(format string, args ...any) error {
 	return api.BadRequest("Provided object does not match schema 'image': "+format, args...)
 }
 
-func typeName(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
-	case bool:
-		return "boolean"
-	case json.Number:
-		return "number"
-	case string:
-		return "string"
-	case []any:
-		return "array"
-	}
-	return "object"
-}
-
 // setBase validates one base attribute value against Glance's image schema
 // and stores it in img. Read-only and reserved keys are refused by callers.
 func setBase(img *Image, key string, v any) error {

@@ -350,14 +350,6 @@ func tagsOf(s string) []string {
 	return t
 }
 
-// listSpec says how a collection is listed.
-type listSpec struct {
-	collection string // "networks"
-	// special filters handled by the caller (tags, fixed_ips); others are
-	// matched against the view.
-	extraFilters map[string]bool
-}
-
 // reserved query parameters that are not attribute filters
 // (neutron/api/api_common.py get_filters_from_dict).
 var reservedParams = map[string]bool{

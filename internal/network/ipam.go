@@ -317,15 +317,6 @@ func releaseIPs(ctx context.Context, q store.Querier, owner string) error {
 	return err
 }
 
-// asAPI passes *api.Error through and leaves other errors alone.
-func asAPI(err error) error {
-	var e *api.Error
-	if errors.As(err, &e) {
-		return e
-	}
-	return err
-}
-
 // randomPoolMin is the pool size under which claim scans instead of probing
 // at random: small subnets are cheap to scan and fill up quickly.
 const randomPoolMin = 64

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"net/netip"
-	"sort"
 	"strings"
 
 	"nimbus/internal/store"
@@ -526,13 +525,4 @@ func inChunks(ids []any, f func([]any) error) error {
 		}
 	}
 	return nil
-}
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
