@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"nimbus/internal/image"
 	"strconv"
+	"strings"
 
 	"nimbus/internal/api"
 	"nimbus/internal/driver"
@@ -71,6 +72,21 @@ func (s *Service) handleAction(r *http.Request) (*api.Response, error) {
 		return s.actConsole(r, arg)
 	case "changePassword":
 		return s.actChangePassword(r, arg)
+	case "forceDelete":
+		// Without soft delete (reclaim_instance_interval 0) force delete
+		// is delete, answered 202 (nova deferred_delete.py).
+		if _, err := s.handleDelete(r); err != nil {
+			return nil, err
+		}
+		return api.Empty(http.StatusAccepted), nil
+	case "restore":
+		// Nothing is ever soft-deleted, so there is nothing to restore:
+		// Nova's 409 for a server not in vm_state soft-delete.
+		sv, err := s.visibleServer(r.Context(), s.db, r.PathValue("id"), false)
+		if err != nil {
+			return nil, err
+		}
+		return nil, api.Conflict("Cannot 'restore' instance %s while it is in vm_state %s", sv.ID, sv.VMState)
 	}
 	return nil, api.BadRequest("There is no such action: %s", name)
 }
@@ -517,7 +533,7 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 			sv.Doc.AccessIPv4 = *ip4
 		}
 		if ip6 != nil {
-			sv.Doc.AccessIPv6 = *ip6
+			sv.Doc.AccessIPv6 = canonicalIP(*ip6)
 		}
 		if hasDesc {
 			sv.Doc.Description = desc
@@ -543,7 +559,7 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 	if err != nil {
 		return nil, err
 	}
-	view := vc.serverView(sv, true)
+	view := vc.updateView(sv)
 	view.set("adminPass", newPass)
 	return api.JSON(http.StatusAccepted, map[string]any{"server": view}), nil
 }
@@ -699,14 +715,14 @@ func (s *Service) actConsole(r *http.Request, arg json.RawMessage) (*api.Respons
 	if sv.Host == "" || sv.VMState == vmBuilding {
 		return nil, api.Conflict("Instance %s is not ready", sv.ID)
 	}
-	out, err := s.driver.ConsoleOutput(ctx, sv.ID, lines)
+	out, err := s.driver.ConsoleOutput(ctx, sv.ID, 0)
 	if err == driver.ErrNotFound {
 		return nil, api.NotFound("Guest does not have a console available.")
 	}
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusOK, map[string]any{"output": out}), nil
+	return api.JSON(http.StatusOK, map[string]any{"output": tailLog(out, lines)}), nil
 }
 
 func (s *Service) actChangePassword(r *http.Request, arg json.RawMessage) (*api.Response, error) {
@@ -773,3 +789,17 @@ func imageURL(r *http.Request, id string) string {
 }
 
 func base64Decode(s string) ([]byte, error) { return base64.StdEncoding.DecodeString(s) }
+
+// tailLog keeps the last length lines of a console log as nova's compute
+// manager _tail_log does: split on newlines (a trailing newline makes an
+// empty last line, which counts) and join the last length pieces.
+func tailLog(log string, length int) string {
+	if length < 0 {
+		return log
+	}
+	lines := strings.Split(log, "\n")
+	if length < len(lines) {
+		lines = lines[len(lines)-length:]
+	}
+	return strings.Join(lines, "\n")
+}

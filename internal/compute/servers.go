@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/netip"
 	"regexp"
 	"strings"
 
@@ -24,6 +25,8 @@ func (s *Service) serverRoutes() []api.Route {
 		{Pattern: "PUT /v2.1/servers/{id}", Handler: s.handleUpdate},
 		{Pattern: "DELETE /v2.1/servers/{id}", Handler: s.handleDelete},
 		{Pattern: "POST /v2.1/servers/{id}/action", Handler: s.handleAction},
+		{Pattern: "GET /v2.1/servers/{id}/ips", Handler: s.handleIPs},
+		{Pattern: "GET /v2.1/servers/{id}/ips/{network}", Handler: s.handleIPs},
 		{Pattern: "GET /v2.1/servers/{id}/metadata", Handler: s.handleMetaList},
 		{Pattern: "POST /v2.1/servers/{id}/metadata", Handler: s.handleMetaSet(false)},
 		{Pattern: "PUT /v2.1/servers/{id}/metadata", Handler: s.handleMetaSet(true)},
@@ -132,7 +135,7 @@ func (s *Service) handleUpdate(r *http.Request) (*api.Response, error) {
 			sv.Doc.AccessIPv4 = *in.AccessIPv4
 		}
 		if in.AccessIPv6 != nil {
-			sv.Doc.AccessIPv6 = *in.AccessIPv6
+			sv.Doc.AccessIPv6 = canonicalIP(*in.AccessIPv6)
 		}
 		if in.DiskConfig != nil {
 			sv.Doc.DiskConfig = *in.DiskConfig
@@ -152,7 +155,7 @@ func (s *Service) handleUpdate(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusOK, map[string]any{"server": vc.serverView(sv, true)}), nil
+	return api.JSON(http.StatusOK, map[string]any{"server": vc.updateView(sv)}), nil
 }
 
 // handleDelete is DELETE /servers/{id}: it marks the intent and lets the
@@ -261,3 +264,40 @@ func (s *Service) enqueueAfter(tx *store.Tx, ids ...string) {
 }
 
 var _ = context.Background
+
+// handleIPs is GET /servers/{id}/ips and /ips/{network}
+// (nova/api/openstack/compute/ips.py): the server's addresses by network,
+// 404 for a network the server is not on.
+func (s *Service) handleIPs(r *http.Request) (*api.Response, error) {
+	sv, err := s.visibleServer(r.Context(), s.db, r.PathValue("id"), false)
+	if err != nil {
+		return nil, err
+	}
+	vc, err := s.newViewCtx(r, []*server{sv})
+	if err != nil {
+		return nil, err
+	}
+	addrs := ipsView(vc.addresses[sv.ID])
+	if sv.VMState == vmBuilding {
+		addrs = map[string]any{}
+	}
+	net := r.PathValue("network")
+	if net == "" {
+		return api.JSON(http.StatusOK, map[string]any{"addresses": addrs}), nil
+	}
+	l, ok := addrs[net]
+	if !ok {
+		return nil, api.NotFound("Instance is not a member of specified network")
+	}
+	return api.JSON(http.StatusOK, map[string]any{net: l}), nil
+}
+
+// canonicalIP writes an address the way Nova stores it (netaddr's compact
+// form, e.g. 0:0:0:0:0:babe:220.12.22.2 becomes ::babe:dc0c:1602); anything
+// that does not parse is kept as given.
+func canonicalIP(s string) string {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.String()
+	}
+	return s
+}

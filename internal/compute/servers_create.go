@@ -654,7 +654,7 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 				Tags: append([]string{}, req.Tags...), VCPUs: snap.VCPUs, MemoryMB: snap.RAM, DiskGB: snap.diskGB(),
 				CreatedAt: now, UpdatedAt: now,
 				Doc: serverDoc{Flavor: snap, Metadata: req.Metadata, Description: req.Description,
-					AccessIPv4: req.AccessIPv4, AccessIPv6: req.AccessIPv6, ConfigDrive: req.ConfigDrive,
+					AccessIPv4: req.AccessIPv4, AccessIPv6: canonicalIP(req.AccessIPv6), ConfigDrive: req.ConfigDrive,
 					DiskConfig: req.DiskConfig, UserData: req.UserData, SecurityGroups: sgs, AdminPass: req.AdminPass,
 					PinnedAZ: pinned, RequestedHost: req.Host, OSType: img.Properties["os_type"], RequestID: api.RequestID(ctx),
 					InstanceName: "instance-" + strings.ReplaceAll(id, "-", "")[:8]},

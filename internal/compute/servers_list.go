@@ -27,7 +27,8 @@ func parseLimit(s string) (int, error) {
 	if n < 0 {
 		return 0, api.BadRequest("limit param must be positive")
 	}
-	if n == 0 || n > maxLimit {
+	// limit=0 is an empty page, as nova's get_limit_and_marker gives.
+	if n > maxLimit {
 		n = maxLimit
 	}
 	return n, nil

@@ -73,6 +73,8 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "GET /{$}", Handler: versions, Public: true},
 		{Pattern: "GET /v2.1", Handler: version, Public: true},
 		{Pattern: "GET /v2.1/{$}", Handler: version, Public: true},
+		{Pattern: "GET /v2", Handler: versionV2, Public: true},
+		{Pattern: "GET /v2/{$}", Handler: versionV2, Public: true},
 	}
 	routes = append(routes, s.serverRoutes()...)
 	routes = append(routes, s.resourceRoutes()...)
@@ -103,4 +105,17 @@ func versions(r *http.Request) (*api.Response, error) {
 
 func version(r *http.Request) (*api.Response, error) {
 	return api.JSON(http.StatusOK, map[string]any{"version": versionDoc(r)}), nil
+}
+
+// versionV2 is the legacy v2.0 version document, which Nova still serves
+// (its v2 API is v2.1 without microversions); Nimbus routes only /v2.1.
+func versionV2(r *http.Request) (*api.Response, error) {
+	return api.JSON(http.StatusOK, map[string]any{"version": map[string]any{
+		"id": "v2.0", "status": "SUPPORTED", "version": "", "min_version": "", "updated": "2011-01-21T11:33:21Z",
+		"links": []map[string]string{
+			{"rel": "self", "href": api.BaseURL(r) + "/v2/"},
+			{"rel": "describedby", "type": "text/html", "href": "http://docs.openstack.org/"},
+		},
+		"media-types": []map[string]string{{"base": "application/json", "type": "application/vnd.openstack.compute+json;version=2"}},
+	}}), nil
 }

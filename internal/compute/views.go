@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"strings"
 	"time"
 
 	"nimbus/internal/api"
@@ -248,4 +249,48 @@ func (vc *viewCtx) serverView(sv *server, withGroups bool) obj {
 		m.set("pinned_availability_zone", d.PinnedAZ)
 	}
 	return m
+}
+
+// updateView is the body PUT /servers/{id} and rebuild answer. Before 2.75
+// Nova leaves out the extended attributes and gives bare addresses
+// (servers.py update/_action_rebuild: show_all_attributes from 2.75);
+// Tempest's response schemas reject anything more.
+func (vc *viewCtx) updateView(sv *server) obj {
+	m := vc.serverView(sv, true)
+	if vc.v.AtLeast(75) {
+		return m
+	}
+	out := make(obj, 0, len(m))
+	for _, e := range m {
+		switch {
+		case strings.HasPrefix(e.k, "OS-EXT-AZ:"), strings.HasPrefix(e.k, "OS-SRV-USG:"),
+			strings.HasPrefix(e.k, "OS-EXT-STS:"), strings.HasPrefix(e.k, "OS-EXT-SRV-ATTR:"),
+			e.k == "config_drive", e.k == "key_name", e.k == "security_groups",
+			e.k == "os-extended-volumes:volumes_attached", e.k == "host_status", e.k == "server_groups":
+			continue
+		case e.k == "addresses" && sv.VMState != vmBuilding:
+			e.v = briefAddresses(vc.addresses[sv.ID])
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// briefAddresses is the addresses map without the OS-EXT-IPS extensions.
+func briefAddresses(m map[string][]network.Address) map[string]any {
+	out := map[string]any{}
+	for net, addrs := range m {
+		l := make([]any, 0, len(addrs))
+		for _, a := range addrs {
+			l = append(l, obj{{"version", a.Version}, {"addr", a.Addr}})
+		}
+		out[net] = l
+	}
+	return out
+}
+
+// ipsView is GET /servers/{id}/ips: the addresses by network, without the
+// OS-EXT-IPS extensions (nova/api/openstack/compute/ips.py).
+func ipsView(m map[string][]network.Address) map[string]any {
+	return briefAddresses(m)
 }

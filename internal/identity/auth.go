@@ -95,11 +95,12 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 		return nil, api.BadRequest("Expecting to find identity in auth. The server could not comply with the request since it is either malformed or otherwise incorrect. The client is assumed to be in error.")
 	}
 	var (
-		user     *User
-		auditID  string
-		expires  time.Time
-		inherit  string // project of the token being re-scoped
-		hasScope = len(req.Auth.Scope) > 0 && string(req.Auth.Scope) != "null"
+		oldMethods []string
+		user       *User
+		auditID    string
+		expires    time.Time
+		inherit    string // project of the token being re-scoped
+		hasScope   = len(req.Auth.Scope) > 0 && string(req.Auth.Scope) != "null"
 	)
 	switch {
 	case slices.Contains(id.Methods, "password"):
@@ -137,8 +138,10 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 			}
 			return nil, err
 		}
-		// A re-scoped token keeps the original's audit chain and expiry.
+		// A re-scoped token keeps the original's audit chain, expiry and
+		// methods (keystone/auth/core.py AuthInfo: method_names extend).
 		user, auditID, expires, inherit = old.User, old.AuditID, old.ExpiresAt, old.ProjectID
+		oldMethods = old.Methods
 	default:
 		return nil, api.Unauthorized()
 	}
@@ -183,7 +186,12 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 			return nil, api.Unauthorized()
 		}
 	}
-	methods := id.Methods
+	methods := slices.Clone(id.Methods)
+	for _, m := range oldMethods {
+		if !slices.Contains(methods, m) {
+			methods = append(methods, m)
+		}
+	}
 	t, err := s.issue(ctx, user.ID, projectID, methods, auditID, expires)
 	if err != nil {
 		return nil, err

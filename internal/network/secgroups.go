@@ -396,7 +396,10 @@ func (s *Service) prepareRule(r *http.Request, c *api.Caller, b body) (*prepared
 		ps := p.String()
 		rl.RemoteIPPrefix = &ps
 	}
-	if v, ok, err := b.optUUID("remote_group_id"); err != nil {
+	// Neutron does not check the form of remote_group_id: any unknown value,
+	// well-formed or not, is SecurityGroupNotFound (tempest
+	// test_create_security_group_rule_with_non_existent_remote_groupid).
+	if v, ok, err := b.optStr("remote_group_id"); err != nil {
 		return nil, err
 	} else if ok && v != nil {
 		rl.RemoteGroupID = v

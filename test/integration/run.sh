@@ -1,0 +1,633 @@
+#!/usr/bin/env bash
+# Integration suite: drives a fresh `nimbus serve` with the stock `openstack`
+# CLI (Debian python3-openstackclient) and with Tempest (Debian tempest),
+# exactly as a customer and an operator would. See README.md beside this file.
+#
+#   test/integration/run.sh            # everything
+#   NIMBUS_IT_TEMPEST=0 test/integration/run.sh     # CLI checks only
+#   NIMBUS_IT_CLI=0 test/integration/run.sh         # Tempest only
+#   NIMBUS_IT_TEMPEST_REGEX='tempest.api.compute.flavors' test/integration/run.sh
+#                                      # Tempest with a regex instead of the list
+#   NIMBUS_IT_KEEP=1 ...               # keep the work directory for debugging
+#   NIMBUS_IT_BIN=/path/to/nimbus ...  # use a prebuilt binary instead of go build
+#
+# Exit status is non-zero on any failure; the last line is
+# "integration: N passed, M failed".
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+cd "$ROOT"
+
+RUN_CLI=${NIMBUS_IT_CLI:-1}
+RUN_TEMPEST=${NIMBUS_IT_TEMPEST:-1}
+TEMPEST_LIST="$HERE/tempest-tests.txt"
+TEMPEST_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/nimbus/tempest"
+# Per-state timeout (seconds) when waiting for a server to reach a status.
+WAIT=${NIMBUS_IT_WAIT:-120}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/nimbus-integration.XXXXXX")
+LOG="$WORK/nimbus.log"
+NIMBUS_PID=""
+PASSED=0
+FAILED=0
+FAILURES=()
+
+log_tail() {
+	if [[ -f "$LOG" ]]; then
+		echo "---- nimbus log (last 60 lines of $LOG) ----" >&2
+		tail -n 60 "$LOG" >&2 || true
+		echo "---- end of nimbus log ----" >&2
+	fi
+}
+
+cleanup() {
+	local rc=$?
+	if [[ -n "$NIMBUS_PID" ]] && kill -0 "$NIMBUS_PID" 2>/dev/null; then
+		kill "$NIMBUS_PID" 2>/dev/null || true
+		for _ in $(seq 50); do kill -0 "$NIMBUS_PID" 2>/dev/null || break; sleep 0.1; done
+		kill -9 "$NIMBUS_PID" 2>/dev/null || true
+		wait "$NIMBUS_PID" 2>/dev/null || true
+	fi
+	if [[ $rc -ne 0 || $FAILED -ne 0 ]]; then
+		log_tail
+	fi
+	if [[ "${NIMBUS_IT_KEEP:-0}" == 1 ]]; then
+		echo "work directory kept: $WORK" >&2
+	else
+		rm -rf "$WORK"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+die() {
+	echo "integration: FATAL: $*" >&2
+	echo "integration: $PASSED passed, $((FAILED + 1)) failed"
+	exit 1
+}
+
+# ---------------------------------------------------------------- checks ---
+
+pass() {
+	PASSED=$((PASSED + 1))
+	echo "  ok   $1"
+}
+
+fail() { # name command expected actual
+	FAILED=$((FAILED + 1))
+	FAILURES+=("$1")
+	{
+		echo "  FAIL $1"
+		echo "       command:  $2"
+		echo "       expected: $3"
+		echo "       actual:   $(printf '%s' "$4" | head -c 2000)"
+	} >&2
+}
+
+OUT=""
+# ok NAME CMD... — the command must succeed; its output is left in $OUT.
+ok() {
+	local name=$1
+	shift
+	if OUT=$("$@" 2>"$WORK/stderr"); then
+		pass "$name"
+		return 0
+	fi
+	fail "$name" "$*" "exit status 0" "exit $?: $(cat "$WORK/stderr") $OUT"
+	return 1
+}
+
+# fails_with NAME REGEX CMD... — the command must fail and print a match of
+# the extended regular expression REGEX.
+fails_with() {
+	local name=$1 want=$2
+	shift 2
+	local out
+	if out=$("$@" 2>&1); then
+		fail "$name" "$*" "failure with \"$want\"" "success: $out"
+		return 1
+	fi
+	if [[ "$out" =~ $want ]]; then
+		pass "$name"
+		return 0
+	fi
+	fail "$name" "$*" "failure with \"$want\"" "$out"
+	return 1
+}
+
+# eq NAME CMD-DESCRIPTION EXPECTED ACTUAL
+eq() {
+	if [[ "$3" == "$4" ]]; then
+		pass "$1"
+		return 0
+	fi
+	fail "$1" "$2" "$3" "$4"
+	return 1
+}
+
+# py EXPR — evaluates a Python expression over the JSON document on stdin
+# (bound to d) and prints the result; jq is not assumed.
+py() {
+	python3 -c '
+import json, re, sys
+d = json.load(sys.stdin)
+r = eval(sys.argv[1])
+print(json.dumps(r) if isinstance(r, (dict, list)) else r)' "$1"
+}
+
+# jcheck NAME EXPR — evaluates EXPR over $OUT (JSON); must be True.
+jcheck() {
+	local got
+	if got=$(printf '%s' "$OUT" | py "$2" 2>&1) && [[ "$got" == True ]]; then
+		pass "$1"
+		return 0
+	fi
+	fail "$1" "python: $2" "True" "$got; output was: $OUT"
+	return 1
+}
+
+# -------------------------------------------------------------- set-up ---
+
+step() { echo "== $*"; }
+
+step "packages"
+if ! command -v openstack >/dev/null || ! command -v tempest >/dev/null; then
+	SUDO=""
+	[[ $(id -u) -eq 0 ]] || SUDO=sudo
+	$SUDO apt-get update
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y python3-openstackclient tempest
+fi
+command -v openstack >/dev/null || die "openstack CLI missing after install"
+command -v tempest >/dev/null || die "tempest missing after install"
+echo "  $(openstack --version 2>&1), tempest $(tempest --version 2>&1 | tail -n1 | awk '{print $NF}')"
+
+step "build"
+if [[ -n "${NIMBUS_IT_BIN:-}" ]]; then
+	cp "$NIMBUS_IT_BIN" "$WORK/nimbus" || die "cannot copy $NIMBUS_IT_BIN"
+else
+	go build -o "$WORK/nimbus" ./cmd/nimbus || die "go build failed"
+fi
+
+free_port() {
+	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+start_nimbus() {
+	local tries
+	for tries in 1 2 3; do
+		ID_PORT=$(free_port) CO_PORT=$(free_port) IM_PORT=$(free_port) NE_PORT=$(free_port)
+		if [[ $(printf '%s\n' "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" | sort -u | wc -l) -ne 4 ]]; then
+			continue
+		fi
+		"$WORK/nimbus" serve --data-dir "$WORK/data" --listen 127.0.0.1 \
+			--identity-port "$ID_PORT" --compute-port "$CO_PORT" \
+			--image-port "$IM_PORT" --network-port "$NE_PORT" \
+			--fake-delay "${NIMBUS_IT_FAKE_DELAY:-200ms}" >>"$LOG" 2>&1 &
+		NIMBUS_PID=$!
+		local i
+		for i in $(seq 100); do
+			if ! kill -0 "$NIMBUS_PID" 2>/dev/null; then
+				break
+			fi
+			local up=0 p
+			for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT"; do
+				if curl -fsk --max-time 2 "https://127.0.0.1:$p/healthz" >/dev/null 2>&1; then
+					up=$((up + 1))
+				fi
+			done
+			if [[ $up -eq 4 ]]; then
+				return 0
+			fi
+			sleep 0.2
+		done
+		kill "$NIMBUS_PID" 2>/dev/null || true
+		wait "$NIMBUS_PID" 2>/dev/null || true
+		NIMBUS_PID=""
+		echo "  nimbus did not become healthy (try $tries); retrying on other ports" >&2
+	done
+	die "nimbus did not start"
+}
+
+step "start nimbus"
+command -v curl >/dev/null || die "curl is required"
+start_nimbus
+echo "  pid $NIMBUS_PID, identity :$ID_PORT compute :$CO_PORT image :$IM_PORT network :$NE_PORT"
+for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT"; do
+	ok "healthz on :$p" curl -fsk "https://127.0.0.1:$p/healthz" || true
+done
+
+export OS_CLIENT_CONFIG_FILE="$WORK/data/clouds.yaml"
+[[ -f "$OS_CLIENT_CONFIG_FILE" ]] || die "nimbus wrote no clouds.yaml"
+# Never pick up a developer's OS_* settings.
+for v in $(env | awk -F= '/^OS_/ && $1 != "OS_CLIENT_CONFIG_FILE" {print $1}'); do unset "$v"; done
+
+demo() { openstack --os-cloud nimbus-demo "$@"; }
+admin() { openstack --os-cloud nimbus-admin "$@"; }
+
+# wait_status NAME SERVER STATUS [api-args...] — poll server show until
+# STATUS (fails early on ERROR).
+wait_status() {
+	local name=$1 server=$2 want=$3
+	shift 3
+	local deadline=$((SECONDS + WAIT)) got=""
+	while ((SECONDS < deadline)); do
+		got=$(demo "$@" server show "$server" -f value -c status 2>&1) || true
+		if [[ "$got" == "$want" ]]; then
+			pass "$name"
+			return 0
+		fi
+		if [[ "$got" == ERROR ]]; then
+			break
+		fi
+		sleep 1
+	done
+	fail "$name" "openstack --os-cloud nimbus-demo $* server show $server -c status (polled ${WAIT}s)" "$want" "$got"
+	return 1
+}
+
+# ----------------------------------------------------------------- CLI ---
+
+IMAGE_ID="" FLAVOR_ID="" FLAVOR_ALT_ID="" IMAGE_ALT_ID=""
+# The plain base systems (a name starting "Ubuntu"/"Debian"), not marketplace
+# images built on them.
+PICK_UBUNTU='[i["ID"] for i in sorted(d, key=lambda i: (not i["Name"].lower().startswith("ubuntu"), i["Name"])) if "ubuntu" in i["Name"].lower()][0]'
+PICK_DEBIAN='[i["ID"] for i in sorted(d, key=lambda i: (not i["Name"].lower().startswith("debian"), i["Name"])) if "debian" in i["Name"].lower()][0]'
+
+cli_basics() {
+	step "CLI: identity and discovery (demo)"
+	ok "token issue" demo token issue -f json &&
+		jcheck "token issue: id, expires, project_id, user_id" \
+			'all(d.get(k) for k in ("id","expires","project_id","user_id"))'
+	ok "catalog list" demo catalog list -f json &&
+		jcheck "catalog has identity, compute, image, network" \
+			'{"identity","compute","image","network"} <= {s["Type"] for s in d}' &&
+		jcheck "catalog endpoints are in RegionOne" \
+			'all(e["region"]=="RegionOne" for s in d for e in s["Endpoints"])'
+
+	ok "flavor list" demo flavor list -f json &&
+		jcheck "flavor list is not empty" 'len(d) > 0' &&
+		jcheck "flavors have ID, Name, RAM, Disk, VCPUs" \
+			'all({"ID","Name","RAM","Disk","VCPUs"} <= set(f) for f in d)'
+	if [[ $? -eq 0 ]]; then
+		# the smallest flavor named like "small" (else the smallest), and the
+		# next one with at least its disk (Tempest boots base images on both)
+		FLAVOR_ID=$(printf '%s' "$OUT" | py '[f["ID"] for f in sorted(d, key=lambda f: (("small" not in f["Name"].lower()), f["RAM"], f["VCPUs"], f["Disk"]))][0]')
+		FLAVOR_ALT_ID=$(printf '%s' "$OUT" | py '([f["ID"] for f in sorted(d, key=lambda f: (f["RAM"], f["VCPUs"], f["Disk"])) if f["ID"] != "'"$FLAVOR_ID"'" and f["Disk"] >= [g["Disk"] for g in d if g["ID"] == "'"$FLAVOR_ID"'"][0]] + ["'"$FLAVOR_ID"'"])[0]')
+		ok "flavor show $FLAVOR_ID" demo flavor show "$FLAVOR_ID" -f json &&
+			jcheck "flavor show: id matches" "d['id'] == '$FLAVOR_ID'"
+	fi
+
+	ok "image list" demo image list -f json &&
+		jcheck "base images present (Ubuntu, Debian, CentOS, Fedora, openSUSE, Windows Server 2019/2022)" \
+			'all(any(re.search(p, i["Name"], re.I) for i in d) for p in ("ubuntu","debian","centos","fedora","opensuse","windows.*2019","windows.*2022"))' &&
+		jcheck "images are active" 'all(i["Status"] == "active" for i in d)'
+	if [[ $? -eq 0 ]]; then
+		IMAGE_ID=$(printf '%s' "$OUT" | py "$PICK_UBUNTU")
+		IMAGE_ALT_ID=$(printf '%s' "$OUT" | py "$PICK_DEBIAN")
+		ok "image show (ubuntu)" demo image show "$IMAGE_ID" -f json &&
+			jcheck "image show: os_type linux" '(d.get("properties") or {}).get("os_type", d.get("os_type")) == "linux"'
+	fi
+
+	ok "network list" demo network list -f json &&
+		jcheck "network list shows private" 'any(n["Name"] == "private" for n in d)'
+	ok "subnet list" demo subnet list -f json &&
+		jcheck "subnet list is not empty" 'len(d) > 0'
+}
+
+# life TAG [api-args...] — one customer's server life.
+life() {
+	local tag=$1
+	shift
+	local api=("$@") name="it-$tag-$RANDOM" key="k-$tag"
+	step "CLI: server life (${api[*]:-default microversion})"
+	local generated=1
+	if [[ " ${api[*]} " == *" 2.92 "* ]]; then
+		generated=0
+	fi
+	if [[ $generated == 1 ]]; then
+		ok "keypair create (generated)" demo "${api[@]}" keypair create "$key-gen" &&
+			eq "keypair create prints a private key" "openstack keypair create $key-gen" "-----BEGIN" "$(printf '%s' "$OUT" | head -c 10)"
+		ok "keypair delete (generated)" demo "${api[@]}" keypair delete "$key-gen"
+	else
+		# 2.92 removed server-side generation: public_key is required.
+		fails_with "keypair create without public key rejected at 2.92" "public_key" \
+			demo "${api[@]}" keypair create "$key-gen"
+	fi
+	ok "keypair create --public-key (import)" demo "${api[@]}" keypair create --public-key "$WORK/id.pub" "$key" -f json &&
+		jcheck "imported keypair fingerprint" 'd.get("fingerprint","").count(":") == 15'
+	ok "keypair list" demo "${api[@]}" keypair list -f json &&
+		jcheck "keypair list has $key" "any(k['Name'] == '$key' for k in d)"
+	ok "keypair show" demo "${api[@]}" keypair show "$key" -f json &&
+		jcheck "keypair show: name" "d['name'] == '$key'"
+
+	ok "server create --min 2 --max 2 --wait" demo "${api[@]}" server create \
+		--image "$IMAGE_ID" --flavor "$FLAVOR_ID" --network private --key-name "$key" \
+		--min 2 --max 2 --wait "$name" -f json &&
+		jcheck "server create: ACTIVE" 'd["status"] == "ACTIVE"'
+	ok "server list" demo "${api[@]}" server list --name "^$name-" -f json &&
+		jcheck "server list: $name-1 and $name-2" "sorted(s['Name'] for s in d) == ['$name-1', '$name-2']" &&
+		jcheck "server list: both ACTIVE" 'all(s["Status"] == "ACTIVE" for s in d)'
+	wait_status "$name-2 ACTIVE" "$name-2" ACTIVE "${api[@]}"
+
+	local s="$name-1"
+	ok "server show" demo "${api[@]}" server show "$s" -f json &&
+		jcheck "server show: status ACTIVE" 'd["status"] == "ACTIVE"' &&
+		jcheck "server show: addresses on private" '"private" in str(d["addresses"])' &&
+		jcheck "server show: key_name" "d['key_name'] == '$key'" &&
+		jcheck "server show: image" "'$IMAGE_ID' in str(d['image'])" &&
+		if [[ $generated == 1 ]]; then
+			jcheck "server show: flavor by id (2.1 shape)" "'($FLAVOR_ID)' in str(d['flavor'])" &&
+				jcheck "server show: no 2.73 locked_reason" '"locked_reason" not in d'
+		else
+			jcheck "server show: embedded flavor with original_name (2.47+ shape)" \
+				'isinstance(d["flavor"], dict) and "original_name" in d["flavor"] and "vcpus" in d["flavor"]' &&
+				jcheck "server show: locked, locked_reason, tags, server_groups, hostname (2.9x shape)" \
+					'all(k in d for k in ("locked","locked_reason","tags","server_groups","OS-EXT-SRV-ATTR:hostname"))'
+		fi &&
+		jcheck "server show: power_state Running" 'str(d.get("OS-EXT-STS:power_state")) in ("Running", "1")'
+
+	ok "server stop" demo "${api[@]}" server stop "$s"
+	wait_status "server stop -> SHUTOFF" "$s" SHUTOFF "${api[@]}"
+	fails_with "server stop when SHUTOFF -> 409" "HTTP 409|409: Client Error|[Cc]onflict" demo "${api[@]}" server stop "$s"
+	ok "server start" demo "${api[@]}" server start "$s"
+	wait_status "server start -> ACTIVE" "$s" ACTIVE "${api[@]}"
+	ok "server reboot --soft --wait" demo "${api[@]}" server reboot --soft --wait "$s"
+	wait_status "soft reboot -> ACTIVE" "$s" ACTIVE "${api[@]}"
+	ok "server reboot --hard --wait" demo "${api[@]}" server reboot --hard --wait "$s"
+	wait_status "hard reboot -> ACTIVE" "$s" ACTIVE "${api[@]}"
+	ok "server shelve" demo "${api[@]}" server shelve "$s"
+	wait_status "server shelve -> SHELVED_OFFLOADED" "$s" SHELVED_OFFLOADED "${api[@]}"
+	ok "server unshelve" demo "${api[@]}" server unshelve "$s"
+	wait_status "server unshelve -> ACTIVE" "$s" ACTIVE "${api[@]}"
+	ok "server event list" demo "${api[@]}" server event list "$s" -f json &&
+		jcheck "instance actions recorded (create, stop, start, reboot, shelve, unshelve)" \
+			'{"create","stop","start","reboot","shelve","unshelve"} <= {a["Action"] for a in d}'
+
+	ok "server delete --wait (both)" demo "${api[@]}" server delete --wait "$name-1" "$name-2"
+	fails_with "server show after delete" "No server with a name or ID" demo "${api[@]}" server show "$s"
+	ok "server list after delete" demo "${api[@]}" server list --name "^$name-" -f json &&
+		jcheck "server list after delete is empty" 'd == []'
+	ok "keypair delete" demo "${api[@]}" keypair delete "$key"
+}
+
+cli_admin() {
+	step "CLI: operator (admin)"
+	ok "hypervisor list" admin hypervisor list -f json &&
+		jcheck "hypervisors present" 'len(d) > 0'
+	ok "compute service list" admin compute service list -f json &&
+		jcheck "nova-compute services up" 'any(s["Binary"] == "nova-compute" and s["State"] == "up" for s in d)'
+	ok "project list" admin project list -f json &&
+		jcheck "projects admin and demo" '{"admin","demo"} <= {p["Name"] for p in d}'
+	ok "user list" admin user list -f json &&
+		jcheck "users admin and demo" '{"admin","demo"} <= {u["Name"] for u in d}'
+	ok "quota show demo" admin quota show demo -f json &&
+		jcheck "quota show has instances, cores, ram" 'all(k in str(d) for k in ("instances","cores","ram"))'
+	ok "limits show --absolute (admin)" admin limits show --absolute -f json &&
+		jcheck "admin limits: maxTotalCores" 'any(x["Name"] == "maxTotalCores" for x in d)'
+	ok "limits show --absolute" demo limits show --absolute -f json &&
+		jcheck "limits: maxTotalInstances, totalInstancesUsed" \
+			'{"maxTotalInstances","totalInstancesUsed"} <= {x["Name"] for x in d}'
+	ok "availability zone list (admin)" admin availability zone list --compute -f json &&
+		jcheck "admin sees zone nova" 'any(z["Zone Name"] == "nova" for z in d)'
+	ok "availability zone list" demo availability zone list --compute -f json &&
+		jcheck "availability zone nova available" \
+			'any(z["Zone Name"] == "nova" and z["Zone Status"] == "available" for z in d)'
+	ok "usage list" admin usage list -f json
+	fails_with "demo cannot list hypervisors" "HTTP 403|403: Client Error|[Ff]orbidden" demo hypervisor list
+}
+
+if [[ "$RUN_CLI" == 1 ]]; then
+	cat >"$WORK/id.pub" <<'EOF'
+ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIF5H51Un1TItWfK+t1rZJ6U5CttmKkG5+XE2t6IrQlby nimbus-integration
+EOF
+	cli_basics || true
+	if [[ -n "$IMAGE_ID" && -n "$FLAVOR_ID" ]]; then
+		life default || true
+		life 292 --os-compute-api-version 2.92 || true
+	else
+		fail "server life" "(needs an image and a flavor)" "image and flavor found" "image='$IMAGE_ID' flavor='$FLAVOR_ID'"
+	fi
+	cli_admin || true
+fi
+
+# ------------------------------------------------------------- Tempest ---
+
+tempest_conf() {
+	local conf=$1 admin_pw network_id compute_max compute_min extensions
+	admin_pw=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["admin_password"])' "$WORK/data/secrets.json")
+	compute_min=$(curl -fsk "https://127.0.0.1:$CO_PORT/v2.1/" | py 'd["version"]["min_version"]')
+	compute_max=$(curl -fsk "https://127.0.0.1:$CO_PORT/v2.1/" | py 'd["version"]["version"]')
+	[[ -n "$IMAGE_ID" ]] || IMAGE_ID=$(demo image list -f json | py "$PICK_UBUNTU")
+	[[ -n "$IMAGE_ALT_ID" ]] || IMAGE_ALT_ID=$(demo image list -f json | py "$PICK_DEBIAN")
+	if [[ -z "$FLAVOR_ID" ]]; then
+		local fl
+		fl=$(demo flavor list -f json)
+		FLAVOR_ID=$(printf '%s' "$fl" | py '[f["ID"] for f in sorted(d, key=lambda f: (("small" not in f["Name"].lower()), f["RAM"], f["VCPUs"], f["Disk"]))][0]')
+		FLAVOR_ALT_ID=$(printf '%s' "$fl" | py '([f["ID"] for f in sorted(d, key=lambda f: (f["RAM"], f["VCPUs"], f["Disk"])) if f["ID"] != "'"$FLAVOR_ID"'" and f["Disk"] >= [g["Disk"] for g in d if g["ID"] == "'"$FLAVOR_ID"'"][0]] + ["'"$FLAVOR_ID"'"])[0]')
+	fi
+	network_id=$(admin network list --external -f value -c ID 2>/dev/null | head -n1) || network_id=""
+	# The extensions nimbus's network API lists, so that Tempest gates its
+	# tests on what is really served.
+	extensions=$(admin extension list --network -f value -c Alias 2>/dev/null | paste -sd, -) || extensions=""
+	cat >"$conf" <<EOF
+# Written by test/integration/run.sh for a nimbus on these ports; rewritten every run.
+[DEFAULT]
+log_file = tempest.log
+debug = false
+
+[oslo_concurrency]
+lock_path = $TEMPEST_DIR/locks
+
+[auth]
+use_dynamic_credentials = true
+create_isolated_networks = false
+admin_username = admin
+admin_password = $admin_pw
+admin_project_name = admin
+admin_domain_name = Default
+default_credentials_domain_name = Default
+
+[identity]
+auth_version = v3
+uri_v3 = https://127.0.0.1:$ID_PORT/v3
+region = RegionOne
+v3_endpoint_type = public
+ca_certificates_file = $WORK/data/ca.pem
+disable_ssl_certificate_validation = false
+default_domain_id = default
+admin_role = admin
+
+[identity-feature-enabled]
+api_v2 = false
+api_v3 = true
+trust = false
+federation = false
+access_rules = false
+application_credentials = false
+security_compliance = false
+project_tags = false
+domain_specific_drivers = false
+external_idp = false
+
+[service_available]
+nova = true
+glance = true
+neutron = true
+cinder = false
+swift = false
+heat = false
+horizon = false
+ceilometer = false
+aodh = false
+gnocchi = false
+ironic = false
+designate = false
+octavia = false
+barbican = false
+manila = false
+placement = false
+zaqar = false
+trove = false
+sahara = false
+
+[compute]
+region = RegionOne
+endpoint_type = publicURL
+image_ref = $IMAGE_ID
+image_ref_alt = $IMAGE_ALT_ID
+flavor_ref = $FLAVOR_ID
+flavor_ref_alt = $FLAVOR_ALT_ID
+fixed_network_name = private
+min_microversion = $compute_min
+max_microversion = $compute_max
+build_timeout = 120
+build_interval = 1
+min_compute_nodes = 1
+
+[compute-feature-enabled]
+console_output = true
+vnc_console = false
+spice_console = false
+serial_console = false
+rdp_console = false
+resize = true
+cold_migration = false
+live_migration = false
+live_block_migration = false
+block_migrate_cinder_iscsi = false
+change_password = true
+rescue = false
+suspend = true
+pause = true
+shelve = true
+shelve_migrate = false
+snapshot = true
+interface_attach = false
+metadata_service = false
+config_drive = false
+personality = false
+attach_encrypted_volume = false
+swap_volume = false
+volume_multiattach = false
+disk_config = false
+hostname_fqdn_sanitization = false
+stable_rescue = false
+unified_limits = false
+scheduler_enabled_filters = AvailabilityZoneFilter,ComputeFilter,ComputeCapabilitiesFilter,ImagePropertiesFilter
+
+[image]
+region = RegionOne
+endpoint_type = publicURL
+build_timeout = 60
+build_interval = 1
+
+[image-feature-enabled]
+api_v2 = true
+api_v1 = false
+import_image = false
+os_glance_reserved = false
+manage_locations = false
+
+[network]
+region = RegionOne
+endpoint_type = publicURL
+public_network_id = $network_id
+floating_network_name = public
+project_networks_reachable = false
+shared_physical_network = false
+
+[network-feature-enabled]
+ipv6 = false
+ipv6_subnet_attributes = false
+port_security = $([[ ",$extensions," == *,port-security,* ]] && echo true || echo false)
+floating_ips = true
+api_extensions = ${extensions:-all}
+
+[validation]
+run_validation = false
+
+[volume-feature-enabled]
+api_v3 = false
+EOF
+}
+
+run_tempest() {
+	step "Tempest"
+	mkdir -p "$(dirname "$TEMPEST_DIR")"
+	if [[ ! -f "$TEMPEST_DIR/etc/tempest.conf.sample" && ! -d "$TEMPEST_DIR/etc" ]]; then
+		(cd "$(dirname "$TEMPEST_DIR")" && tempest init "$(basename "$TEMPEST_DIR")") >/dev/null ||
+			die "tempest init failed"
+	fi
+	mkdir -p "$TEMPEST_DIR/etc" "$TEMPEST_DIR/locks"
+	tempest_conf "$TEMPEST_DIR/etc/tempest.conf" || die "could not write tempest.conf"
+	local selection=(--include-list "$TEMPEST_LIST")
+	if [[ -n "${NIMBUS_IT_TEMPEST_REGEX:-}" ]]; then
+		selection=(--regex "$NIMBUS_IT_TEMPEST_REGEX")
+	fi
+	local want declared
+	want=$(grep -cvE '^\s*(#|$)' "$TEMPEST_LIST")
+	declared=$(sed -n 's/^# count: *\([0-9]*\).*/\1/p' "$TEMPEST_LIST" | head -n1)
+	eq "tempest-tests.txt header count matches its entries" "grep -c entries $TEMPEST_LIST" "$want" "${declared:-none}" || true
+	echo "  workspace $TEMPEST_DIR; ${NIMBUS_IT_TEMPEST_REGEX:-$want entries from $TEMPEST_LIST}"
+	local rc=0
+	(cd "$TEMPEST_DIR" && timeout "${NIMBUS_IT_TEMPEST_TIMEOUT:-900}" \
+		tempest run --concurrency "${NIMBUS_IT_TEMPEST_CONCURRENCY:-2}" "${selection[@]}") \
+		>"$WORK/tempest.out" 2>&1 || rc=$?
+	cp "$WORK/tempest.out" "$TEMPEST_DIR/last-run.out" 2>/dev/null || true
+	# Per-test lines look like "{0} tempest.api...test_x [0.1s] ... ok".
+	local tp tf ts
+	tp=$(grep -cE '\.\.\. ok$' "$WORK/tempest.out" || true)
+	tf=$(grep -cE '\.\.\. FAILED$' "$WORK/tempest.out" || true)
+	ts=$(grep -cE '\.\.\. SKIPPED' "$WORK/tempest.out" || true)
+	grep -E '\.\.\. (ok|FAILED|SKIPPED)' "$WORK/tempest.out" | sed 's/^{[0-9]*} /  /' || true
+	PASSED=$((PASSED + tp))
+	echo "  tempest: $tp passed, $tf failed, $ts skipped (exit $rc)"
+	# Every listed test must run and pass: a skip or a missing test fails too.
+	local short=0
+	if [[ -z "${NIMBUS_IT_TEMPEST_REGEX:-}" && $tp -ne $want ]]; then
+		short=1
+		echo "  tempest: $want tests listed but $tp passed (skipped or not found count as failures)" >&2
+	fi
+	if [[ $rc -ne 0 || $tf -ne 0 || $tp -eq 0 || $short -ne 0 ]]; then
+		FAILED=$((FAILED + (tf > 0 ? tf : 1)))
+		FAILURES+=("tempest")
+		echo "---- tempest output (failures) ----" >&2
+		sed -n '/^===*$/,$p' "$WORK/tempest.out" | head -n 400 >&2
+		tail -n 30 "$WORK/tempest.out" >&2
+		echo "  full output: $TEMPEST_DIR/last-run.out; log: $TEMPEST_DIR/tempest.log" >&2
+	fi
+}
+
+if [[ "$RUN_TEMPEST" == 1 ]]; then
+	run_tempest
+fi
+
+echo
+if ((FAILED > 0)); then
+	echo "failed checks:" >&2
+	printf '  %s\n' "${FAILURES[@]}" >&2
+fi
+echo "integration: $PASSED passed, $FAILED failed"
+((FAILED == 0))
