@@ -296,6 +296,19 @@ func TestAdminWire(t *testing.T) {
 			}
 		})
 
+		t.Run("extra user attributes are kept", func(t *testing.T) {
+			m := e.must(t, 201, "POST", "/users", e.admin, `{"user":{"name":"extra-user","project_id":"`+demoProjectID+`","team":"blue"}}`)
+			id := str(m, "user", "id")
+			if str(m, "user", "project_id") != demoProjectID || str(m, "user", "team") != "blue" {
+				t.Errorf("create echoes %v", m)
+			}
+			e.must(t, 200, "PATCH", "/users/"+id, e.admin, `{"user":{"team":"red","email":"x@example.net"}}`)
+			m = e.must(t, 200, "GET", "/users/"+id, e.admin, "")
+			if str(m, "user", "team") != "red" || str(m, "user", "project_id") != demoProjectID || str(m, "user", "email") != "x@example.net" {
+				t.Errorf("after update %v", m)
+			}
+		})
+
 		t.Run("non-admin is forbidden", func(t *testing.T) {
 			for _, c := range []struct{ method, path, body, action string }{
 				{"GET", "/projects", "", "identity:list_projects"},

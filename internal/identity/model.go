@@ -37,6 +37,9 @@ type User struct {
 	PasswordHash                                             string
 	Enabled                                                  bool
 	CreatedAt                                                time.Time
+	// Extra holds the attributes Keystone has no column for, returned as
+	// top-level fields.
+	Extra map[string]any
 }
 
 // Role is a Keystone role.
@@ -157,14 +160,14 @@ func updateProject(ctx context.Context, tx *store.Tx, p *Project) error {
 
 // --- users
 
-const userCols = "id, name, domain_id, password_hash, enabled, email, description, default_project_id, created_at"
+const userCols = "id, name, domain_id, password_hash, enabled, email, description, default_project_id, created_at, extra"
 
 func scanUser(s interface{ Scan(...any) error }) (*User, error) {
 	var u User
 	var enabled int
-	var created string
+	var created, extra string
 	if err := s.Scan(&u.ID, &u.Name, &u.DomainID, &u.PasswordHash, &enabled, &u.Email, &u.Description,
-		&u.DefaultProjectID, &created); err != nil {
+		&u.DefaultProjectID, &created, &extra); err != nil {
 		if err == sql.ErrNoRows {
 			return nil, store.ErrNotFound
 		}
@@ -172,6 +175,9 @@ func scanUser(s interface{ Scan(...any) error }) (*User, error) {
 	}
 	u.Enabled = enabled == 1
 	u.CreatedAt = store.ParseTime(created)
+	if err := store.FromJSON(extra, &u.Extra); err != nil {
+		return nil, err
+	}
 	return &u, nil
 }
 
@@ -206,16 +212,16 @@ func listUsers(ctx context.Context, q store.Querier, where string, args ...any) 
 }
 
 func insertUser(ctx context.Context, tx *store.Tx, u *User) error {
-	_, err := tx.Exec(ctx, "INSERT INTO users ("+userCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	_, err := tx.Exec(ctx, "INSERT INTO users ("+userCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		u.ID, u.Name, u.DomainID, u.PasswordHash, b2i(u.Enabled), u.Email, u.Description, u.DefaultProjectID,
-		store.FormatTime(u.CreatedAt))
+		store.FormatTime(u.CreatedAt), extraJSON(u.Extra))
 	return err
 }
 
 func updateUser(ctx context.Context, tx *store.Tx, u *User) error {
 	_, err := tx.Exec(ctx, `UPDATE users SET name = ?, password_hash = ?, enabled = ?, email = ?, description = ?,
-		default_project_id = ? WHERE id = ?`,
-		u.Name, u.PasswordHash, b2i(u.Enabled), u.Email, u.Description, u.DefaultProjectID, u.ID)
+		default_project_id = ?, extra = ? WHERE id = ?`,
+		u.Name, u.PasswordHash, b2i(u.Enabled), u.Email, u.Description, u.DefaultProjectID, extraJSON(u.Extra), u.ID)
 	return err
 }
 
@@ -320,4 +326,11 @@ func PutSetting(ctx context.Context, tx *store.Tx, name, value string) error {
 	}
 	_, err := tx.Exec(ctx, "INSERT INTO settings (name, value) VALUES (?, ?)", name, value)
 	return err
+}
+
+func extraJSON(m map[string]any) string {
+	if len(m) == 0 {
+		return "{}"
+	}
+	return store.JSON(m)
 }

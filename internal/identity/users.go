@@ -2,6 +2,7 @@ package identity
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -28,6 +29,11 @@ func userBody(r *http.Request, u *User) map[string]any {
 	}
 	if u.DefaultProjectID != "" {
 		b["default_project_id"] = u.DefaultProjectID
+	}
+	for k, v := range u.Extra {
+		if _, taken := b[k]; !taken {
+			b[k] = v
+		}
 	}
 	return b
 }
@@ -81,6 +87,32 @@ type userRequest struct {
 	Email            *string `json:"email"`
 	Description      *string `json:"description"`
 	DefaultProjectID *string `json:"default_project_id"`
+	// Extra is every other attribute, which Keystone keeps as given.
+	Extra map[string]any `json:"-"`
+}
+
+// userAttrs are the user attributes with a meaning of their own; the rest
+// are extra. "options" and "links" are Keystone's and not stored.
+var userAttrs = []string{"id", "name", "domain_id", "password", "enabled", "email", "description",
+	"default_project_id", "options", "links", "password_expires_at"}
+
+// UnmarshalJSON reads the known attributes and keeps the others in Extra.
+func (u *userRequest) UnmarshalJSON(b []byte) error {
+	type plain userRequest
+	if err := json.Unmarshal(b, (*plain)(u)); err != nil {
+		return err
+	}
+	var all map[string]any
+	if err := json.Unmarshal(b, &all); err != nil {
+		return err
+	}
+	for _, k := range userAttrs {
+		delete(all, k)
+	}
+	if len(all) > 0 {
+		u.Extra = all
+	}
+	return nil
 }
 
 // maxPassword bounds what is hashed; Keystone's default
@@ -125,6 +157,7 @@ func (s *Service) createUser(r *http.Request) (*api.Response, error) {
 	if req.DefaultProjectID != nil {
 		u.DefaultProjectID = *req.DefaultProjectID
 	}
+	u.Extra = req.Extra
 	// Hash outside the transaction: argon2id takes tens of milliseconds.
 	if req.Password != nil {
 		u.PasswordHash = HashPassword(*req.Password)
@@ -191,6 +224,12 @@ func (s *Service) updateUser(r *http.Request) (*api.Response, error) {
 		}
 		if req.DefaultProjectID != nil {
 			u.DefaultProjectID = *req.DefaultProjectID
+		}
+		for k, v := range req.Extra {
+			if u.Extra == nil {
+				u.Extra = map[string]any{}
+			}
+			u.Extra[k] = v
 		}
 		if req.Password != nil {
 			u.PasswordHash = hash
