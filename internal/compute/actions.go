@@ -559,7 +559,7 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 	if err != nil {
 		return nil, err
 	}
-	view := vc.updateView(sv)
+	view := vc.updateView(sv, true)
 	view.set("adminPass", newPass)
 	return api.JSON(http.StatusAccepted, map[string]any{"server": view}), nil
 }

@@ -155,7 +155,7 @@ func (s *Service) handleUpdate(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusOK, map[string]any{"server": vc.updateView(sv)}), nil
+	return api.JSON(http.StatusOK, map[string]any{"server": vc.updateView(sv, false)}), nil
 }
 
 // handleDelete is DELETE /servers/{id}: it marks the intent and lets the

@@ -57,6 +57,20 @@ func TestServerViewsAndActions(t *testing.T) {
 			}
 		}
 
+		// Rebuild shows key_name from 2.54 and user_data from 2.57.
+		for _, tt := range []struct {
+			mv            string
+			key, userData bool
+		}{{"2.1", false, false}, {"2.54", true, false}, {"2.57", true, true}} {
+			s := e.action(id, e.demo, tt.mv, `{"rebuild":{"imageRef":"`+e.imageID+`"}}`, 202)["server"].(map[string]any)
+			_, hasKey := s["key_name"]
+			_, hasUD := s["user_data"]
+			if hasKey != tt.key || hasUD != tt.userData || s["adminPass"] == nil {
+				t.Errorf("%s: rebuild view has key_name %v user_data %v adminPass %v", tt.mv, hasKey, hasUD, s["adminPass"] != nil)
+			}
+			e.wait(id, e.demo, "ACTIVE")
+		}
+
 		e.action(id, e.demo, "", `{"restore":null}`, 409)
 		out := e.action(id, e.demo, "", `{"os-getConsoleOutput":{"length":3}}`, 200)["output"].(string)
 		if n := len(strings.Split(out, "\n")); n != 3 {

@@ -253,20 +253,25 @@ func (vc *viewCtx) serverView(sv *server, withGroups bool) obj {
 
 // updateView is the body PUT /servers/{id} and rebuild answer. Before 2.75
 // Nova leaves out the extended attributes and gives bare addresses
-// (servers.py update/_action_rebuild: show_all_attributes from 2.75);
-// Tempest's response schemas reject anything more.
-func (vc *viewCtx) updateView(sv *server) obj {
+// (servers.py update/_action_rebuild: show_all_attributes from 2.75), but a
+// rebuild shows key_name from 2.54 and user_data from 2.57; Tempest's
+// response schemas reject anything more or less.
+func (vc *viewCtx) updateView(sv *server, rebuild bool) obj {
 	m := vc.serverView(sv, true)
+	if rebuild && vc.v.AtLeast(57) {
+		m.set("user_data", sv.Doc.UserData)
+	}
 	if vc.v.AtLeast(75) {
 		return m
 	}
+	keepKey := rebuild && vc.v.AtLeast(54)
 	out := make(obj, 0, len(m))
 	for _, e := range m {
 		switch {
 		case strings.HasPrefix(e.k, "OS-EXT-AZ:"), strings.HasPrefix(e.k, "OS-SRV-USG:"),
 			strings.HasPrefix(e.k, "OS-EXT-STS:"), strings.HasPrefix(e.k, "OS-EXT-SRV-ATTR:"),
-			e.k == "config_drive", e.k == "key_name", e.k == "security_groups",
-			e.k == "os-extended-volumes:volumes_attached", e.k == "host_status", e.k == "server_groups":
+			e.k == "config_drive", e.k == "key_name" && !keepKey, e.k == "security_groups",
+			e.k == "os-extended-volumes:volumes_attached", e.k == "host_status":
 			continue
 		case e.k == "addresses" && sv.VMState != vmBuilding:
 			e.v = briefAddresses(vc.addresses[sv.ID])
