@@ -70,7 +70,10 @@ func (s *Service) stepSchedule(ctx context.Context, sv *server, started time.Tim
 		if err := s.place(ctx, tx, hosts, cur); err != nil {
 			return err
 		}
-		cur.TaskState = ""
+		// Nova passes through task_state null between scheduling and
+		// spawning; going straight to spawning saves a write per build and
+		// shows clients the same status (BUILD) throughout.
+		cur.TaskState = taskSpawning
 		return s.saveServer(ctx, tx, cur)
 	})
 	if errors.Is(err, errNoValidHost) {
