@@ -101,3 +101,43 @@ func waitGone(t *testing.T, e *env, id string) {
 	}
 	t.Fatalf("server %s still there", id)
 }
+
+// TestImageProxy covers Nova's image proxy: served up to 2.35 only,
+// snapshots carry their server, and only the owner deletes.
+func TestImageProxy(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		e := newEnv(t, dbURL)
+		imgs := e.must(200, "GET", "/images/detail", e.demo, "", "")["images"].([]any)
+		if len(imgs) < 8 {
+			t.Fatalf("proxy lists %d images", len(imgs))
+		}
+		e.must(404, "GET", "/images/detail", e.demo, "2.36", "")
+		img := e.must(200, "GET", "/images/"+e.imageID, e.demo, "2.35", "")["image"].(map[string]any)
+		if img["status"] != "ACTIVE" || img["progress"] != 100.0 || img["minDisk"] == nil {
+			t.Errorf("image view %v", img)
+		}
+		e.must(403, "DELETE", "/images/"+e.imageID, e.demo, "", "")
+
+		id := e.create(e.demo, "2.1", "")
+		e.wait(id, e.demo, "ACTIVE")
+		st, _, hdr := e.do("POST", "/servers/"+id+"/action", e.demo, "", `{"createImage":{"name":"snap"}}`)
+		if st != 202 || hdr.Get("Location") == "" {
+			t.Fatalf("createImage: %d %v", st, hdr)
+		}
+		snapID := hdr.Get("Location")[strings.LastIndex(hdr.Get("Location"), "/")+1:]
+		var snap map[string]any
+		for range 400 {
+			snap = e.must(200, "GET", "/images/"+snapID, e.demo, "", "")["image"].(map[string]any)
+			if snap["status"] == "ACTIVE" {
+				break
+			}
+			time.Sleep(15 * time.Millisecond)
+		}
+		if srv, _ := snap["server"].(map[string]any); snap["status"] != "ACTIVE" || srv["id"] != id {
+			t.Fatalf("snapshot view %v", snap)
+		}
+		e.must(404, "GET", "/images/"+snapID, e.demo, "2.36", "")
+		e.must(204, "DELETE", "/images/"+snapID, e.demo, "", "")
+		e.must(404, "GET", "/images/"+snapID, e.demo, "", "")
+	})
+}

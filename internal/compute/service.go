@@ -78,6 +78,7 @@ func (s *Service) Routes() []api.Route {
 	}
 	routes = append(routes, s.serverRoutes()...)
 	routes = append(routes, s.resourceRoutes()...)
+	routes = append(routes, s.imageProxyRoutes()...)
 	return routes
 }
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -298,4 +299,21 @@ func owns(c *api.Caller, img *Image) bool {
 // reader role.
 func canWrite(c *api.Caller) bool {
 	return c.IsAdmin() || c.HasRole("member") || !c.HasRole("reader")
+}
+
+// List returns the images a caller sees in a default Glance listing
+// (public, its own, and shared ones it accepted), newest first; the compute
+// API's image proxy serves it.
+func (s *Service) List(ctx context.Context, c *api.Caller) ([]*Image, error) {
+	imgs, err := s.candidates(ctx, c, "", "accepted")
+	if err != nil {
+		return nil, err
+	}
+	sort.SliceStable(imgs, func(i, j int) bool {
+		if !imgs[i].CreatedAt.Equal(imgs[j].CreatedAt) {
+			return imgs[i].CreatedAt.After(imgs[j].CreatedAt)
+		}
+		return imgs[i].ID > imgs[j].ID
+	})
+	return imgs, nil
 }
