@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
+	"time"
 
 	"nimbus/internal/api"
 	"nimbus/internal/image"
@@ -84,6 +86,17 @@ func (s *Service) proxyList(detail bool) api.HandlerFunc {
 		if err != nil {
 			return nil, err
 		}
+		var since time.Time
+		if cs := q.Get("changes-since"); cs != "" {
+			if since, err = parseISOTime(cs); err != nil {
+				return nil, api.BadRequest("Invalid filter field: changes-since.")
+			}
+		}
+		// server may be an id or a server's URL (images.py _get_filters).
+		server := q.Get("server")
+		if i := strings.LastIndexByte(server, '/'); i >= 0 {
+			server = server[i+1:]
+		}
 		start := 0
 		if m := q.Get("marker"); m != "" {
 			start = -1
@@ -110,7 +123,10 @@ func (s *Service) proxyList(detail bool) api.HandlerFunc {
 			if t := q.Get("type"); t != "" && img.Properties["image_type"] != t {
 				continue
 			}
-			if sv := q.Get("server"); sv != "" && img.Properties["instance_uuid"] != sv {
+			if server != "" && img.Properties["instance_uuid"] != server {
+				continue
+			}
+			if !since.IsZero() && img.UpdatedAt.Before(since) {
 				continue
 			}
 			out = append(out, imageView(r, img, detail))
