@@ -40,6 +40,7 @@ func serve(args []string) error {
 	fs.IntVar(&cfg.Ports.Compute, "compute-port", cfg.Ports.Compute, "compute (Nova v2.1) port")
 	fs.IntVar(&cfg.Ports.Image, "image-port", cfg.Ports.Image, "image (Glance v2) port")
 	fs.IntVar(&cfg.Ports.Network, "network-port", cfg.Ports.Network, "network (Neutron v2.0) port")
+	fs.IntVar(&cfg.Ports.Billing, "billing-port", cfg.Ports.Billing, "billing API port")
 	fs.StringVar(&cfg.AdminPassword, "admin-password", os.Getenv("NIMBUS_ADMIN_PASSWORD"), "admin password on first start; default generated (env NIMBUS_ADMIN_PASSWORD)")
 	fs.StringVar(&cfg.DemoPassword, "demo-password", os.Getenv("NIMBUS_DEMO_PASSWORD"), "demo password on first start; default generated (env NIMBUS_DEMO_PASSWORD)")
 	fs.DurationVar(&cfg.TokenTTL, "token-ttl", time.Hour, "token lifetime")
@@ -75,13 +76,14 @@ func serve(args []string) error {
   compute   %s
   image     %s
   network   %s
+  billing   %s
   CA file   %s
   clouds    %s  (clouds nimbus-admin and nimbus-demo)
 
 Try:
   export OS_CLIENT_CONFIG_FILE=%s
   openstack --os-cloud nimbus-demo server list
-`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.CACertFile, c.CloudsFile, c.CloudsFile)
+`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.BillingURL, c.CACertFile, c.CloudsFile, c.CloudsFile)
 	log.Info("nimbus started", "data_dir", cfg.DataDir, "identity", c.IdentityURL, "clouds_yaml", c.CloudsFile)
 	<-ctx.Done()
 	log.Info("nimbus stopping")

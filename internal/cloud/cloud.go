@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"nimbus/internal/api"
+	"nimbus/internal/billing"
 	"nimbus/internal/compute"
 	"nimbus/internal/driver"
 	"nimbus/internal/driver/fake"
@@ -35,11 +36,12 @@ import (
 
 // Ports are the listening ports of the services; 0 picks a free port.
 type Ports struct {
-	Identity, Compute, Image, Network int
+	Identity, Compute, Image, Network, Billing int
 }
 
-// DefaultPorts are the spec's and OpenStack's ports.
-var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696}
+// DefaultPorts are the spec's and OpenStack's ports; billing takes the port
+// of OpenStack's rating service (CloudKitty).
+var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696, Billing: 8889}
 
 // Config is what a controller needs to start.
 type Config struct {
@@ -71,9 +73,10 @@ type Cloud struct {
 	Compute  *compute.Service
 	Images   *image.Service
 	Networks *network.Service
+	Billing  *billing.Service
 	Driver   driver.Driver
 	// URLs of the services as put in the catalog.
-	IdentityURL, ComputeURL, ImageURL, NetworkURL string
+	IdentityURL, ComputeURL, ImageURL, NetworkURL, BillingURL string
 	// Files the operator needs.
 	CACertFile, CloudsFile string
 	Secrets                Secrets
@@ -129,7 +132,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	for _, p := range []struct {
 		name string
 		port int
-	}{{"identity", cfg.Ports.Identity}, {"compute", cfg.Ports.Compute}, {"image", cfg.Ports.Image}, {"network", cfg.Ports.Network}} {
+	}{{"identity", cfg.Ports.Identity}, {"compute", cfg.Ports.Compute}, {"image", cfg.Ports.Image}, {"network", cfg.Ports.Network}, {"billing", cfg.Ports.Billing}} {
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Listen, strconv.Itoa(p.port)))
 		if err != nil {
 			for _, l := range lns {
@@ -151,6 +154,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.ComputeURL = url("compute", "/v2.1")
 	c.ImageURL = url("image", "")
 	c.NetworkURL = url("network", "")
+	c.BillingURL = url("billing", "")
 
 	var tlsCfg *tls.Config
 	files := pki.FilesIn(cfg.DataDir)
@@ -172,9 +176,11 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		{Type: "compute", Name: "nova", URL: c.ComputeURL},
 		{Type: "image", Name: "glance", URL: c.ImageURL},
 		{Type: "network", Name: "neutron", URL: c.NetworkURL},
+		{Type: "billing", Name: "nimbus-billing", URL: c.BillingURL},
 	})
 	c.Images = image.New(db, filepath.Join(cfg.DataDir, "images"))
 	c.Networks = network.New(db)
+	c.Billing = billing.New(db, billing.Config{Log: cfg.Log})
 	if c.Driver, err = newDriver(cfg); err != nil {
 		closeAll(lns)
 		return nil, err
@@ -192,6 +198,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		"compute":  c.Compute.API(c.Identity, authRoot(c.IdentityURL)),
 		"image":    service("image", api.RenderGlance, c.Identity, c.IdentityURL, c.Images.Routes(), cfg.Log),
 		"network":  service("network", api.RenderNeutron, c.Identity, c.IdentityURL, c.Networks.Routes(), cfg.Log),
+		"billing":  service("billing", api.RenderKeystone, c.Identity, c.IdentityURL, c.Billing.Routes(), cfg.Log),
 	}
 	// Keystone itself names its versioned URL in WWW-Authenticate; the other
 	// services' keystonemiddleware names the root (wire captures 08, 09, 40).
@@ -222,8 +229,9 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 			}
 		}(ln)
 	}
-	c.wg.Add(2)
+	c.wg.Add(3)
 	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
+	go func() { defer c.wg.Done(); c.Billing.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.housekeeping(runCtx) }()
 	ok = true
 	return c, nil

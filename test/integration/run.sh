@@ -177,13 +177,13 @@ free_port() {
 start_nimbus() {
 	local tries
 	for tries in 1 2 3; do
-		ID_PORT=$(free_port) CO_PORT=$(free_port) IM_PORT=$(free_port) NE_PORT=$(free_port)
-		if [[ $(printf '%s\n' "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" | sort -u | wc -l) -ne 4 ]]; then
+		ID_PORT=$(free_port) CO_PORT=$(free_port) IM_PORT=$(free_port) NE_PORT=$(free_port) BI_PORT=$(free_port)
+		if [[ $(printf '%s\n' "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" "$BI_PORT" | sort -u | wc -l) -ne 5 ]]; then
 			continue
 		fi
 		"$WORK/nimbus" serve --data-dir "$WORK/data" --listen 127.0.0.1 \
 			--identity-port "$ID_PORT" --compute-port "$CO_PORT" \
-			--image-port "$IM_PORT" --network-port "$NE_PORT" \
+			--image-port "$IM_PORT" --network-port "$NE_PORT" --billing-port "$BI_PORT" \
 			--fake-delay "${NIMBUS_IT_FAKE_DELAY:-200ms}" >>"$LOG" 2>&1 &
 		NIMBUS_PID=$!
 		local i
@@ -192,12 +192,12 @@ start_nimbus() {
 				break
 			fi
 			local up=0 p
-			for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT"; do
+			for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" "$BI_PORT"; do
 				if curl -fsk --max-time 2 "https://127.0.0.1:$p/healthz" >/dev/null 2>&1; then
 					up=$((up + 1))
 				fi
 			done
-			if [[ $up -eq 4 ]]; then
+			if [[ $up -eq 5 ]]; then
 				return 0
 			fi
 			sleep 0.2
@@ -213,8 +213,8 @@ start_nimbus() {
 step "start nimbus"
 command -v curl >/dev/null || die "curl is required"
 start_nimbus
-echo "  pid $NIMBUS_PID, identity :$ID_PORT compute :$CO_PORT image :$IM_PORT network :$NE_PORT"
-for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT"; do
+echo "  pid $NIMBUS_PID, identity :$ID_PORT compute :$CO_PORT image :$IM_PORT network :$NE_PORT billing :$BI_PORT"
+for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" "$BI_PORT"; do
 	ok "healthz on :$p" curl -fsk "https://127.0.0.1:$p/healthz" || true
 done
 
@@ -261,10 +261,25 @@ cli_basics() {
 		jcheck "token issue: id, expires, project_id, user_id" \
 			'all(d.get(k) for k in ("id","expires","project_id","user_id"))'
 	ok "catalog list" demo catalog list -f json &&
-		jcheck "catalog has identity, compute, image, network" \
-			'{"identity","compute","image","network"} <= {s["Type"] for s in d}' &&
+		jcheck "catalog has identity, compute, image, network, billing" \
+			'{"identity","compute","image","network","billing"} <= {s["Type"] for s in d}' &&
 		jcheck "catalog endpoints are in RegionOne" \
 			'all(e["region"]=="RegionOne" for s in d for e in s["Endpoints"])'
+
+	# The billing API takes the same Keystone tokens (its URL is in the catalog).
+	if ok "token for billing" demo token issue -f value -c id; then
+		BTOKEN=$OUT
+		bcurl() { curl -s --cacert "$WORK/data/ca.pem" -H "X-Auth-Token: $BTOKEN" -H "Content-Type: application/json" "$@"; }
+		ok "billing account" bcurl -f "https://127.0.0.1:$BI_PORT/v1/account" &&
+			jcheck "account has balance, credit_limit and currency" \
+				'{"balance","credit_limit","currency"} <= set(d["account"])'
+		ok "top-up under the minimum" bcurl -o /dev/null -w '%{http_code}' -X POST \
+			-d '{"topup":{"amount":99,"provider":"test"}}' "https://127.0.0.1:$BI_PORT/v1/topups" &&
+			jcheck "top-up under the minimum is 400" 'd == 400'
+		ok "top-up of 100.00" bcurl -o /dev/null -w '%{http_code}' -X POST \
+			-d '{"topup":{"amount":10000,"provider":"test"}}' "https://127.0.0.1:$BI_PORT/v1/topups" &&
+			jcheck "top-up of 100.00 is 201" 'd == 201'
+	fi
 
 	ok "flavor list" demo flavor list -f json &&
 		jcheck "flavor list is not empty" 'len(d) > 0' &&

@@ -1,0 +1,340 @@
+package billing
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"nimbus/internal/api"
+	"nimbus/internal/store"
+)
+
+// Routes is the billing API (served with api.RenderKeystone errors):
+//
+//	GET  /v1/account                           the caller's project account
+//	GET  /v1/ledger?limit=&marker=             its ledger, newest first
+//	POST /v1/topups                            {"topup": {"amount": N, "provider": "test"}}
+//	POST /v1/quotes                            {"quote": {configurator choice}}
+//	GET  /v1/prices                            the price list
+//	PUT  /v1/prices                            admin: change rates
+//	GET  /v1/accounts/{project}                admin: any account
+//	PUT  /v1/accounts/{project}/credit_limit   admin: {"credit_limit": N}
+//	POST /v1/accounts/{project}/adjustments    admin: {"adjustment": {"amount": N, "reference": "…"}}
+func (s *Service) Routes() []api.Route {
+	return []api.Route{
+		{Pattern: "GET /v1/account", Handler: s.getAccount},
+		{Pattern: "GET /v1/ledger", Handler: s.listLedger},
+		{Pattern: "POST /v1/topups", Handler: s.createTopup},
+		{Pattern: "POST /v1/quotes", Handler: s.createQuote},
+		{Pattern: "GET /v1/prices", Handler: s.getPrices},
+		{Pattern: "PUT /v1/prices", Handler: s.putPrices, AdminOnly: true, Policy: "billing:prices:update"},
+		{Pattern: "GET /v1/accounts/{project}", Handler: s.adminGetAccount, AdminOnly: true, Policy: "billing:accounts:get"},
+		{Pattern: "PUT /v1/accounts/{project}/credit_limit", Handler: s.putCreditLimit, AdminOnly: true, Policy: "billing:accounts:credit_limit"},
+		{Pattern: "POST /v1/accounts/{project}/adjustments", Handler: s.createAdjustment, AdminOnly: true, Policy: "billing:accounts:adjust"},
+	}
+}
+
+// project is the caller's project; billing needs a project-scoped token.
+func project(r *http.Request) (string, error) {
+	c := api.CallerFrom(r.Context())
+	if c == nil || c.ProjectID == "" {
+		return "", api.Forbidden("The billing API needs a project-scoped token.")
+	}
+	return c.ProjectID, nil
+}
+
+func (s *Service) getAccount(r *http.Request) (*api.Response, error) {
+	p, err := project(r)
+	if err != nil {
+		return nil, err
+	}
+	a, err := s.Account(r.Context(), p)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"account": a}), nil
+}
+
+func (s *Service) adminGetAccount(r *http.Request) (*api.Response, error) {
+	p, err := pathProject(r)
+	if err != nil {
+		return nil, err
+	}
+	a, err := s.Account(r.Context(), p)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"account": a}), nil
+}
+
+func pathProject(r *http.Request) (string, error) {
+	p := r.PathValue("project")
+	if p == "" || len(p) > 64 || !api.ValidText(p) {
+		return "", api.BadRequest("Invalid project id.")
+	}
+	return p, nil
+}
+
+const (
+	defaultLedgerLimit = 100
+	maxLedgerLimit     = 1000
+)
+
+func (s *Service) listLedger(r *http.Request) (*api.Response, error) {
+	p, err := project(r)
+	if err != nil {
+		return nil, err
+	}
+	q := r.URL.Query()
+	limit := defaultLedgerLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return nil, api.BadRequest("Invalid limit %q: must be a positive integer.", v)
+		}
+		limit = min(n, maxLedgerLimit)
+	}
+	marker := q.Get("marker")
+	entries, err := s.Ledger(r.Context(), p, limit, marker)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, api.BadRequest("Marker %s could not be found.", marker)
+	}
+	if err != nil {
+		return nil, err
+	}
+	body := map[string]any{"ledger": entries}
+	if len(entries) == limit {
+		next := url.Values{"limit": {strconv.Itoa(limit)}, "marker": {entries[len(entries)-1].ID}}
+		body["ledger_links"] = []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v1/ledger?" + next.Encode()}}
+	}
+	return api.JSON(http.StatusOK, body), nil
+}
+
+// wrapped decodes {"<key>": {...}} into v, refusing other top-level keys.
+func wrapped(r *http.Request, key string, v any) error {
+	var outer map[string]json.RawMessage
+	if err := api.DecodeJSON(r, &outer); err != nil {
+		return err
+	}
+	if err := api.UnknownFields(outer, key); err != nil {
+		return err
+	}
+	inner, ok := outer[key]
+	if !ok {
+		return api.BadRequest("'%s' is a required property", key)
+	}
+	return api.Unmarshal(inner, v)
+}
+
+func (s *Service) createTopup(r *http.Request) (*api.Response, error) {
+	p, err := project(r)
+	if err != nil {
+		return nil, err
+	}
+	var body struct {
+		Amount   *int64 `json:"amount"`
+		Provider string `json:"provider"`
+	}
+	if err := wrapped(r, "topup", &body); err != nil {
+		return nil, err
+	}
+	if body.Amount == nil {
+		return nil, api.BadRequest("'amount' is a required property")
+	}
+	if body.Provider == "" {
+		body.Provider = "test"
+	}
+	e, err := s.Topup(r.Context(), p, body.Provider, *body.Amount)
+	var te *TopupError
+	switch {
+	case errors.As(err, &te):
+		return nil, api.BadRequest("%s", te.Error())
+	case errors.Is(err, ErrUnknownProvider):
+		return nil, api.BadRequest("Unknown payment provider %q.", body.Provider)
+	case errors.Is(err, ErrDeclined):
+		return nil, api.Errorf(http.StatusPaymentRequired, "The payment was declined.")
+	case err != nil:
+		return nil, err
+	}
+	return api.JSON(http.StatusCreated, map[string]any{"topup": map[string]any{
+		"id": e.ID, "amount": e.Amount, "currency": s.cfg.Currency, "provider": body.Provider,
+		"status": "succeeded", "reference": e.Reference, "created_at": e.CreatedAt}}), nil
+}
+
+// quoteRequest is a configurator choice on the wire: RAM in whole GB.
+type quoteRequest struct {
+	VCPUs      int64  `json:"vcpus"`
+	RAMGB      int64  `json:"ram_gb"`
+	DiskType   string `json:"disk_type"`
+	DiskGB     int64  `json:"disk_gb"`
+	GPUModel   string `json:"gpu_model"`
+	GPUCount   int64  `json:"gpu_count"`
+	PublicIPv4 bool   `json:"public_ipv4"`
+	OSType     string `json:"os_type"`
+	Quantity   int64  `json:"quantity"`
+}
+
+func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
+	var raw json.RawMessage
+	if err := wrapped(r, "quote", &raw); err != nil {
+		return nil, err
+	}
+	var fields map[string]json.RawMessage
+	if err := api.Unmarshal(raw, &fields); err != nil {
+		return nil, err
+	}
+	if err := api.UnknownFields(fields, "vcpus", "ram_gb", "disk_type", "disk_gb", "gpu_model", "gpu_count",
+		"public_ipv4", "os_type", "quantity"); err != nil {
+		return nil, err
+	}
+	var qr quoteRequest
+	if err := api.Unmarshal(raw, &qr); err != nil {
+		return nil, err
+	}
+	if qr.RAMGB < 0 || qr.RAMGB > maxRAMMB/1024 {
+		return nil, api.BadRequest("ram_gb must be between 0 and %d", maxRAMMB/1024)
+	}
+	c := Choice{VCPUs: qr.VCPUs, RAMMB: qr.RAMGB * 1024, DiskType: qr.DiskType, DiskGB: qr.DiskGB,
+		GPUModel: qr.GPUModel, GPUCount: qr.GPUCount, PublicIPv4: qr.PublicIPv4, OSType: qr.OSType, Quantity: qr.Quantity}
+	if c.GPUModel != "" && c.GPUCount == 0 {
+		c.GPUCount = 1
+	}
+	prices, err := loadPrices(r.Context(), s.db)
+	if err != nil {
+		return nil, err
+	}
+	q, err := prices.Quote(c, s.cfg.Currency, s.cfg.HoursPerMonth)
+	if errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnpriced) {
+		return nil, api.BadRequest("%s", err.Error())
+	}
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"quote": q}), nil
+}
+
+func (s *Service) pricesBody(p *PriceList) map[string]any {
+	return map[string]any{"prices": map[string]any{
+		"currency": s.cfg.Currency, "rate_scale": RateScale, "hours_per_month": s.cfg.HoursPerMonth,
+		"min_topup": s.cfg.MinTopup, "hourly": p}}
+}
+
+func (s *Service) getPrices(r *http.Request) (*api.Response, error) {
+	p, err := loadPrices(r.Context(), s.db)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, s.pricesBody(p)), nil
+}
+
+// putPrices changes the rates named in {"prices": {"hourly": {...}}}: a
+// scalar rate is replaced, a disk_gb or gpu map entry is set, and an entry
+// set to null is removed (a GPU model no longer sold).
+func (s *Service) putPrices(r *http.Request) (*api.Response, error) {
+	var body struct {
+		Hourly map[string]json.RawMessage `json:"hourly"`
+	}
+	if err := wrapped(r, "prices", &body); err != nil {
+		return nil, err
+	}
+	if body.Hourly == nil {
+		return nil, api.BadRequest("'hourly' is a required property")
+	}
+	if err := api.UnknownFields(body.Hourly, "vcpu", "ram_gb", "disk_gb", "gpu", "public_ipv4", "windows_vcpu",
+		"windows_server", "volume_gb", "backup_gb"); err != nil {
+		return nil, err
+	}
+	var out *PriceList
+	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
+		p, err := loadPrices(r.Context(), tx)
+		if err != nil {
+			return err
+		}
+		for k, v := range body.Hourly {
+			switch k {
+			case "disk_gb", "gpu":
+				var m map[string]*int64
+				if err := api.Unmarshal(v, &m); err != nil {
+					return err
+				}
+				target := p.DiskGB
+				if k == "gpu" {
+					target = p.GPU
+				}
+				for name, rate := range m {
+					if rate == nil {
+						delete(target, name)
+					} else {
+						target[name] = *rate
+					}
+				}
+			default:
+				var rate int64
+				if err := api.Unmarshal(v, &rate); err != nil {
+					return err
+				}
+				p.set(k, rate)
+			}
+		}
+		if err := p.validate(); err != nil {
+			return api.BadRequest("%s", err.Error())
+		}
+		out = p
+		return savePrices(r.Context(), tx, p)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, s.pricesBody(out)), nil
+}
+
+func (s *Service) putCreditLimit(r *http.Request) (*api.Response, error) {
+	p, err := pathProject(r)
+	if err != nil {
+		return nil, err
+	}
+	var body struct {
+		CreditLimit *int64 `json:"credit_limit"`
+	}
+	if err := api.DecodeJSON(r, &body); err != nil {
+		return nil, err
+	}
+	if body.CreditLimit == nil || *body.CreditLimit < 0 {
+		return nil, api.BadRequest("'credit_limit' must be a non-negative integer of minor units.")
+	}
+	if err := s.SetCreditLimit(r.Context(), p, *body.CreditLimit); err != nil {
+		return nil, err
+	}
+	a, err := s.Account(r.Context(), p)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"account": a}), nil
+}
+
+func (s *Service) createAdjustment(r *http.Request) (*api.Response, error) {
+	p, err := pathProject(r)
+	if err != nil {
+		return nil, err
+	}
+	var body struct {
+		Amount    *int64 `json:"amount"`
+		Reference string `json:"reference"`
+	}
+	if err := wrapped(r, "adjustment", &body); err != nil {
+		return nil, err
+	}
+	if body.Amount == nil || *body.Amount == 0 {
+		return nil, api.BadRequest("'amount' must be a non-zero integer of minor units.")
+	}
+	if len(body.Reference) > 255 {
+		return nil, api.BadRequest("'reference' must be at most 255 characters.")
+	}
+	e, err := s.addEntry(r.Context(), p, KindAdjustment, *body.Amount, body.Reference)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusCreated, map[string]any{"adjustment": e}), nil
+}

@@ -1,0 +1,74 @@
+package billing
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"nimbus/internal/store/storetest"
+)
+
+// BenchmarkChargeHour is one hourly charging run over 100,000 servers
+// inserted straight into compute_servers, on each engine. Each iteration is
+// the next hour's run (which, as in production, re-reads the previous
+// hour and charges the new one). It reports the peak Go heap seen while
+// the run was going and the most memory the Go runtime held from the OS
+// (which includes the benchmark's own setup).
+func BenchmarkChargeHour(b *testing.B) {
+	const servers = 100_000
+	for _, e := range storetest.Engines(b) {
+		b.Run(e.Name, func(b *testing.B) {
+			db := openDB(b, e.URL)
+			start := at("2026-03-01T00:00:00Z")
+			svs := make([]testServer, servers)
+			for i := range svs {
+				svs[i] = stdServer(fmt.Sprintf("%08x-0000-4000-8000-%012d", i, i), fmt.Sprintf("project-%d", i%500), start)
+			}
+			insertServers(b, db, svs)
+			svs = nil
+			s := New(db, Config{})
+			now := start.Add(5 * time.Second)
+			mustCharge(b, s, now)
+			var peak, peakSys atomic.Uint64
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				var ms runtime.MemStats
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+					runtime.ReadMemStats(&ms)
+					if ms.HeapAlloc > peak.Load() {
+						peak.Store(ms.HeapAlloc)
+					}
+					if ms.Sys > peakSys.Load() {
+						peakSys.Store(ms.Sys)
+					}
+				}
+			}()
+			b.ResetTimer()
+			for b.Loop() {
+				now = now.Add(time.Hour)
+				r, err := s.ChargeUntil(context.Background(), now)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r.Charges != servers {
+					b.Fatalf("charged %d, want %d", r.Charges, servers)
+				}
+			}
+			b.StopTimer()
+			close(stop)
+			<-done
+			b.ReportMetric(float64(peak.Load())/(1<<20), "peak-heap-MB")
+			b.ReportMetric(float64(peakSys.Load())/(1<<20), "peak-sys-MB")
+		})
+	}
+}

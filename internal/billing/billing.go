@@ -1,0 +1,130 @@
+// Package billing is Nimbus's ledger of record: the price list, quotes, one
+// prepaid account per project, an append-only ledger whose sum is the
+// balance, and the hourly charging pass that records each resource's hour
+// exactly once.
+//
+// Money is int64 minor units of one currency (Config.Currency); no float
+// ever touches an amount. Hourly rates in the price list are in rate units,
+// 1/RateScale of a minor unit, so that small per-GB rates stay exact; a
+// quote's line items are rounded up to whole minor units, and a quote is
+// exactly what the charging pass records for one hour.
+//
+// Wiring (done by internal/cloud):
+//
+//	b := billing.New(db, cfg)
+//	svc := api.NewService("billing", api.RenderKeystone, auth)
+//	svc.Handle(b.Routes()...)
+//	go b.Run(ctx) // the hourly charging job
+package billing
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"nimbus/internal/store"
+)
+
+// Config is the operator's billing settings. Zero fields take the defaults
+// documented on each field.
+type Config struct {
+	// Currency is the ISO 4217 code of all amounts (default "RUB").
+	Currency string
+	// MinTopup is the smallest top-up in minor units (default 10000, i.e.
+	// 100.00 of the currency).
+	MinTopup int64
+	// DefaultCreditLimit is the credit limit of a new account (default 0).
+	DefaultCreditLimit int64
+	// HoursPerMonth turns an hourly price into a monthly one (default 720).
+	HoursPerMonth int
+	// MaxCatchUpHours bounds the hours one charging pass processes after a
+	// late run (default 168); the rest is charged by the next pass.
+	MaxCatchUpHours int
+	// Grace is how long after an hour ends the pass still re-reads it, so a
+	// server committed just after the hour turned is not missed (default 10m).
+	Grace time.Duration
+	// BatchSize is how many servers one charging transaction covers
+	// (default 5000).
+	BatchSize int
+	// Now is the clock (default time.Now); tests inject theirs.
+	Now func() time.Time
+	// Log gets the charging job's lines (default slog.Default()).
+	Log *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Currency == "" {
+		c.Currency = "RUB"
+	}
+	if c.MinTopup <= 0 {
+		c.MinTopup = 10000
+	}
+	if c.HoursPerMonth <= 0 {
+		c.HoursPerMonth = 720
+	}
+	if c.MaxCatchUpHours <= 0 {
+		c.MaxCatchUpHours = 168
+	}
+	if c.Grace <= 0 {
+		c.Grace = 10 * time.Minute
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 5000
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	return c
+}
+
+// Service is the billing service over one database.
+type Service struct {
+	db        *store.DB
+	cfg       Config
+	providers map[string]PaymentProvider
+}
+
+// New makes the billing service. The tables come from migration 0008.
+func New(db *store.DB, cfg Config) *Service {
+	s := &Service{db: db, cfg: cfg.withDefaults(), providers: map[string]PaymentProvider{}}
+	s.AddProvider(TestProvider{})
+	return s
+}
+
+// AddProvider makes a payment provider available to POST /v1/topups.
+func (s *Service) AddProvider(p PaymentProvider) { s.providers[p.Name()] = p }
+
+// Run charges every hour until ctx ends: once at start, then a few seconds
+// after each hour turns. A failed pass is logged and retried a minute
+// later; nothing is lost since each pass catches up from where the last
+// stopped.
+func (s *Service) Run(ctx context.Context) {
+	for {
+		retry := false
+		if res, err := s.ChargeUntil(ctx, s.cfg.Now()); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.cfg.Log.Error("billing: charging pass failed", "error", err)
+			retry = true
+		} else {
+			s.cfg.Log.Info("billing: charging pass", "hours", res.Hours, "charges", res.Charges, "amount", res.Amount)
+			if !res.CaughtUp {
+				continue // more hours to catch up: go on at once
+			}
+		}
+		now := s.cfg.Now()
+		wait := now.Truncate(time.Hour).Add(time.Hour + 5*time.Second).Sub(now)
+		if retry && wait > time.Minute {
+			wait = time.Minute // e.g. the database was briefly away
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}

@@ -1,0 +1,186 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+
+	"nimbus/internal/store"
+)
+
+// Ledger entry kinds.
+const (
+	KindTopup      = "topup"
+	KindCharge     = "charge"
+	KindRefund     = "refund"
+	KindAdjustment = "adjustment"
+	KindTrial      = "trial"
+)
+
+// Account is a project's billing account. Balance is the sum of its ledger
+// entries, computed when read.
+type Account struct {
+	ProjectID   string `json:"project_id"`
+	Balance     int64  `json:"balance"`
+	CreditLimit int64  `json:"credit_limit"`
+	Currency    string `json:"currency"`
+}
+
+// Entry is one ledger row.
+type Entry struct {
+	ID          string    `json:"id"`
+	ProjectID   string    `json:"project_id"`
+	Kind        string    `json:"kind"`
+	Amount      int64     `json:"amount"`
+	ResourceID  *string   `json:"resource_id"`
+	PeriodStart *string   `json:"period_start,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	Reference   string    `json:"reference"`
+}
+
+// PaymentProvider takes a customer's payment for a top-up.
+type PaymentProvider interface {
+	// Name is what POST /v1/topups names in "provider".
+	Name() string
+	// Pay takes amount minor units from the customer of project and answers
+	// the provider's reference, or ErrDeclined.
+	Pay(ctx context.Context, project string, amount int64) (reference string, err error)
+}
+
+// ErrDeclined is returned by a provider that refused a payment.
+var ErrDeclined = errors.New("payment declined")
+
+// TestProvider simulates a card payment that always succeeds; it is what
+// tests and trial installations use.
+type TestProvider struct{}
+
+// Name is "test".
+func (TestProvider) Name() string { return "test" }
+
+// Pay succeeds with a fresh reference.
+func (TestProvider) Pay(context.Context, string, int64) (string, error) {
+	return "test-" + uuid.NewString(), nil
+}
+
+func newID() string { return uuid.Must(uuid.NewV7()).String() }
+
+// ensureAccount creates project's account on first use.
+func (s *Service) ensureAccount(ctx context.Context, q store.Querier, project string) error {
+	_, err := q.Exec(ctx, `INSERT INTO billing_accounts (project_id, credit_limit, created_at) VALUES (?, ?, ?)
+ ON CONFLICT (project_id) DO NOTHING`, project, s.cfg.DefaultCreditLimit, store.FormatTime(s.cfg.Now()))
+	return err
+}
+
+// Account reads project's account; a project never billed has a zero
+// balance and the default credit limit.
+func (s *Service) Account(ctx context.Context, project string) (*Account, error) {
+	a := &Account{ProjectID: project, CreditLimit: s.cfg.DefaultCreditLimit, Currency: s.cfg.Currency}
+	err := s.db.QueryRow(ctx, "SELECT credit_limit FROM billing_accounts WHERE project_id = ?", project).Scan(&a.CreditLimit)
+	if err != nil && !store.IsNoRows(err) {
+		return nil, err
+	}
+	// COALESCE: SUM over no rows is NULL.
+	if err := s.db.QueryRow(ctx, "SELECT COALESCE(SUM(amount), 0) FROM billing_ledger WHERE project_id = ?", project).Scan(&a.Balance); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// addEntry appends one non-charge entry in its own transaction, creating
+// the account if needed.
+func (s *Service) addEntry(ctx context.Context, project, kind string, amount int64, reference string) (*Entry, error) {
+	e := &Entry{ID: newID(), ProjectID: project, Kind: kind, Amount: amount, CreatedAt: s.cfg.Now().UTC(), Reference: reference}
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		if err := s.ensureAccount(ctx, tx, project); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
+ VALUES (?, ?, ?, ?, NULL, NULL, ?, ?)`, e.ID, project, kind, amount, store.FormatTime(e.CreatedAt), reference)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Topup takes amount minor units through provider and credits project.
+// Amounts under Config.MinTopup are refused before the provider is asked.
+func (s *Service) Topup(ctx context.Context, project, provider string, amount int64) (*Entry, error) {
+	if amount < s.cfg.MinTopup {
+		return nil, &TopupError{Min: s.cfg.MinTopup, Currency: s.cfg.Currency, Amount: amount}
+	}
+	p, ok := s.providers[provider]
+	if !ok {
+		return nil, ErrUnknownProvider
+	}
+	ref, err := p.Pay(ctx, project, amount)
+	if err != nil {
+		return nil, err
+	}
+	return s.addEntry(ctx, project, KindTopup, amount, provider+":"+ref)
+}
+
+// ErrUnknownProvider is returned for a top-up naming no configured provider.
+var ErrUnknownProvider = errors.New("unknown payment provider")
+
+// TopupError is a top-up under the minimum.
+type TopupError struct {
+	Min, Amount int64
+	Currency    string
+}
+
+func (e *TopupError) Error() string {
+	return "Top-up amount " + itoa(e.Amount) + " is under the minimum of " + itoa(e.Min) +
+		" minor units (" + major(e.Min) + " " + e.Currency + ")."
+}
+
+// SetCreditLimit sets project's credit limit (minor units, ≥ 0).
+func (s *Service) SetCreditLimit(ctx context.Context, project string, limit int64) error {
+	return s.db.Tx(ctx, func(tx *store.Tx) error {
+		if err := s.ensureAccount(ctx, tx, project); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "UPDATE billing_accounts SET credit_limit = ? WHERE project_id = ?", limit, project)
+		return err
+	})
+}
+
+// Ledger lists project's entries newest first, at most limit after the
+// entry marker (exclusive; "" for the first page). A marker not in the
+// project's ledger gives store.ErrNotFound.
+func (s *Service) Ledger(ctx context.Context, project string, limit int, marker string) ([]Entry, error) {
+	q := `SELECT id, project_id, kind, amount, resource_id, period_start, created_at, reference FROM billing_ledger
+ WHERE project_id = ? ORDER BY created_at DESC, id DESC LIMIT ?`
+	args := []any{project, limit}
+	if marker != "" {
+		var at string
+		err := s.db.QueryRow(ctx, "SELECT created_at FROM billing_ledger WHERE id = ? AND project_id = ?", marker, project).Scan(&at)
+		if store.IsNoRows(err) {
+			return nil, store.ErrNotFound
+		} else if err != nil {
+			return nil, err
+		}
+		q = `SELECT id, project_id, kind, amount, resource_id, period_start, created_at, reference FROM billing_ledger
+ WHERE project_id = ? AND (created_at < ? OR (created_at = ? AND id < ?)) ORDER BY created_at DESC, id DESC LIMIT ?`
+		args = []any{project, at, at, marker, limit}
+	}
+	rows, err := s.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Entry{}
+	for rows.Next() {
+		var e Entry
+		var at string
+		if err := rows.Scan(&e.ID, &e.ProjectID, &e.Kind, &e.Amount, &e.ResourceID, &e.PeriodStart, &at, &e.Reference); err != nil {
+			return nil, err
+		}
+		e.CreatedAt = store.ParseTime(at)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

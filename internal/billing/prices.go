@@ -1,0 +1,241 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"nimbus/internal/store"
+)
+
+// RateScale is how many rate units make one minor unit: hourly rates are
+// kept in 1/10000 of a minor unit so that, say, 0.5 kopeck per GB and hour
+// is the integer 5000.
+const RateScale = 10000
+
+// MaxRate bounds one hourly rate (rate units), so that no product of rate
+// and quantity can overflow int64.
+const MaxRate = 10_000_000_000
+
+// PriceList is the operator's hourly rates, in rate units (1/RateScale of a
+// minor unit) per hour.
+type PriceList struct {
+	VCPU          int64            `json:"vcpu"`
+	RAMGB         int64            `json:"ram_gb"`
+	DiskGB        map[string]int64 `json:"disk_gb"` // by disk type: local, network
+	GPU           map[string]int64 `json:"gpu"`     // by GPU model (nimbus:gpu_model)
+	PublicIPv4    int64            `json:"public_ipv4"`
+	WindowsVCPU   int64            `json:"windows_vcpu"`   // Windows licence per vCPU
+	WindowsServer int64            `json:"windows_server"` // Windows licence per server
+	VolumeGB      int64            `json:"volume_gb"`
+	BackupGB      int64            `json:"backup_gb"`
+}
+
+// rows flattens the list into billing_prices rows.
+func (p *PriceList) rows() map[string]int64 {
+	m := map[string]int64{"vcpu": p.VCPU, "ram_gb": p.RAMGB, "public_ipv4": p.PublicIPv4,
+		"windows_vcpu": p.WindowsVCPU, "windows_server": p.WindowsServer, "volume_gb": p.VolumeGB, "backup_gb": p.BackupGB}
+	for k, v := range p.DiskGB {
+		m["disk_gb:"+k] = v
+	}
+	for k, v := range p.GPU {
+		m["gpu:"+k] = v
+	}
+	return m
+}
+
+func (p *PriceList) set(key string, v int64) {
+	switch {
+	case key == "vcpu":
+		p.VCPU = v
+	case key == "ram_gb":
+		p.RAMGB = v
+	case key == "public_ipv4":
+		p.PublicIPv4 = v
+	case key == "windows_vcpu":
+		p.WindowsVCPU = v
+	case key == "windows_server":
+		p.WindowsServer = v
+	case key == "volume_gb":
+		p.VolumeGB = v
+	case key == "backup_gb":
+		p.BackupGB = v
+	case strings.HasPrefix(key, "disk_gb:"):
+		p.DiskGB[strings.TrimPrefix(key, "disk_gb:")] = v
+	case strings.HasPrefix(key, "gpu:"):
+		p.GPU[strings.TrimPrefix(key, "gpu:")] = v
+	}
+}
+
+// validate checks every rate is in [0, MaxRate].
+func (p *PriceList) validate() error {
+	rows := p.rows()
+	keys := make([]string, 0, len(rows))
+	for k := range rows {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if v := rows[k]; v < 0 || v > MaxRate {
+			return fmt.Errorf("rate %s must be between 0 and %d, got %d", k, int64(MaxRate), v)
+		}
+		if strings.HasSuffix(k, ":") {
+			return fmt.Errorf("rate %s needs a name", k)
+		}
+	}
+	return nil
+}
+
+// loadPrices reads the price list.
+func loadPrices(ctx context.Context, q store.Querier) (*PriceList, error) {
+	rows, err := q.Query(ctx, "SELECT rate_key, rate FROM billing_prices")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	p := &PriceList{DiskGB: map[string]int64{}, GPU: map[string]int64{}}
+	for rows.Next() {
+		var k string
+		var v int64
+		if err := rows.Scan(&k, &v); err != nil {
+			return nil, err
+		}
+		p.set(k, v)
+	}
+	return p, rows.Err()
+}
+
+// savePrices replaces the stored price list with p.
+func savePrices(ctx context.Context, tx *store.Tx, p *PriceList) error {
+	if _, err := tx.Exec(ctx, "DELETE FROM billing_prices"); err != nil {
+		return err
+	}
+	for k, v := range p.rows() {
+		if _, err := tx.Exec(ctx, "INSERT INTO billing_prices (rate_key, rate) VALUES (?, ?)", k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Choice is one configurator choice: what a server (or several equal
+// servers) is made of.
+type Choice struct {
+	VCPUs      int64  `json:"vcpus"`
+	RAMMB      int64  `json:"ram_mb"`
+	DiskType   string `json:"disk_type"` // local (default) or network
+	DiskGB     int64  `json:"disk_gb"`
+	GPUModel   string `json:"gpu_model,omitempty"`
+	GPUCount   int64  `json:"gpu_count,omitempty"`
+	PublicIPv4 bool   `json:"public_ipv4"`
+	OSType     string `json:"os_type,omitempty"` // "windows" adds the licence
+	Quantity   int64  `json:"quantity"`          // 0 means 1
+}
+
+// LineItem is one priced part of a quote, for one server and one hour.
+type LineItem struct {
+	Item     string `json:"item"`
+	Quantity int64  `json:"quantity"`
+	Unit     string `json:"unit"`
+	Rate     int64  `json:"rate"`   // rate units per unit and hour
+	Hourly   int64  `json:"hourly"` // minor units, rounded up
+}
+
+// Quote is the price of a choice.
+type Quote struct {
+	Currency      string     `json:"currency"`
+	Items         []LineItem `json:"items"`
+	HourlyEach    int64      `json:"hourly_each"` // one server, minor units per hour
+	Quantity      int64      `json:"quantity"`
+	Hourly        int64      `json:"hourly"`  // all servers, minor units per hour
+	Monthly       int64      `json:"monthly"` // Hourly × HoursPerMonth
+	HoursPerMonth int        `json:"hours_per_month"`
+}
+
+// ErrUnpriced is wrapped by quote errors for a choice the price list has no
+// rate for (an unknown disk type or GPU model).
+var ErrUnpriced = errors.New("no price")
+
+// ErrInvalid is wrapped by quote errors for a choice out of range.
+var ErrInvalid = errors.New("invalid choice")
+
+// Limits on a choice, far above any real server, that keep every product
+// inside int64 together with MaxRate.
+const (
+	maxUnits    = 1 << 20 // vCPUs, GB, GPUs
+	maxRAMMB    = 1 << 28
+	maxQuantity = 10000
+)
+
+// Quote prices a choice per hour and per month. It is the one function both
+// the quote API and the charging pass use, so a quote always equals what is
+// charged. Line items are rounded up to whole minor units each; the hourly
+// price is their sum.
+func (p *PriceList) Quote(c Choice, currency string, hoursPerMonth int) (Quote, error) {
+	q := Quote{Currency: currency, HoursPerMonth: hoursPerMonth, Quantity: c.Quantity}
+	if q.Quantity == 0 {
+		q.Quantity = 1
+	}
+	switch {
+	case c.VCPUs < 0 || c.VCPUs > maxUnits, c.DiskGB < 0 || c.DiskGB > maxUnits,
+		c.GPUCount < 0 || c.GPUCount > maxUnits, c.RAMMB < 0 || c.RAMMB > maxRAMMB:
+		return q, fmt.Errorf("%w: vcpus, ram, disk_gb and gpu_count must be between 0 and %d", ErrInvalid, maxUnits)
+	case q.Quantity < 0 || q.Quantity > maxQuantity:
+		return q, fmt.Errorf("%w: quantity must be between 1 and %d", ErrInvalid, maxQuantity)
+	case c.GPUCount > 0 && c.GPUModel == "":
+		return q, fmt.Errorf("%w: gpu_count needs a gpu_model", ErrInvalid)
+	}
+	add := func(item, unit string, n, rate, div int64) {
+		if n == 0 {
+			return
+		}
+		// n ≤ 2^28 and rate ≤ 10^10 keep n*rate below 2^63.
+		amount := ceilDiv(n*rate, RateScale*div)
+		q.Items = append(q.Items, LineItem{Item: item, Quantity: n, Unit: unit, Rate: rate, Hourly: amount})
+		q.HourlyEach += amount
+	}
+	add("vcpu", "vcpu", c.VCPUs, p.VCPU, 1)
+	// RAM is priced per GB but charged by the MB, so 512 MB pays half a GB.
+	add("ram", "MB", c.RAMMB, p.RAMGB, 1024)
+	diskType := c.DiskType
+	if diskType == "" {
+		diskType = "local"
+	}
+	if c.DiskGB > 0 {
+		rate, ok := p.DiskGB[diskType]
+		if !ok {
+			return q, fmt.Errorf("%w for disk type %q", ErrUnpriced, diskType)
+		}
+		add("disk:"+diskType, "GB", c.DiskGB, rate, 1)
+	}
+	if c.GPUCount > 0 {
+		rate, ok := p.GPU[c.GPUModel]
+		if !ok {
+			return q, fmt.Errorf("%w for GPU model %q", ErrUnpriced, c.GPUModel)
+		}
+		add("gpu:"+c.GPUModel, "gpu", c.GPUCount, rate, 1)
+	}
+	if c.PublicIPv4 {
+		add("public_ipv4", "address", 1, p.PublicIPv4, 1)
+	}
+	if strings.EqualFold(c.OSType, "windows") {
+		add("os:windows", "vcpu", c.VCPUs, p.WindowsVCPU, 1)
+		add("os:windows", "server", 1, p.WindowsServer, 1)
+	}
+	// Each item is below 2^48 minor units; check the products anyway.
+	if q.HourlyEach > math.MaxInt64/maxQuantity/int64(max(hoursPerMonth, 1)) {
+		return q, fmt.Errorf("%w: price too large", ErrInvalid)
+	}
+	q.Hourly = q.HourlyEach * q.Quantity
+	q.Monthly = q.Hourly * int64(hoursPerMonth)
+	if q.Items == nil {
+		q.Items = []LineItem{}
+	}
+	return q, nil
+}
+
+// ceilDiv is a/b rounded up, for a ≥ 0 and b > 0.
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

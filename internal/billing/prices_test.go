@@ -1,0 +1,97 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"nimbus/internal/store/storetest"
+)
+
+func testPrices() *PriceList {
+	return &PriceList{VCPU: 500000, RAMGB: 200000, DiskGB: map[string]int64{"local": 5000, "network": 8000},
+		GPU: map[string]int64{"A100 80GB": 15000000}, PublicIPv4: 250000, WindowsVCPU: 600000, WindowsServer: 10000,
+		VolumeGB: 8000, BackupGB: 3000}
+}
+
+func TestQuote(t *testing.T) {
+	tests := []struct {
+		name    string
+		c       Choice
+		each    int64 // minor units per server-hour
+		hourly  int64
+		monthly int64
+		items   int
+		err     error
+	}{
+		// 2×50 + 4 GB×20 + 40 GB×0.8 + 25 = 100+80+32+25.
+		{"std", Choice{VCPUs: 2, RAMMB: 4096, DiskType: "network", DiskGB: 40, PublicIPv4: true}, 237, 237, 237 * 720, 4, nil},
+		{"quantity", Choice{VCPUs: 2, RAMMB: 4096, DiskType: "network", DiskGB: 40, PublicIPv4: true, Quantity: 3}, 237, 711, 711 * 720, 4, nil},
+		// 512 MB is half a GB: 10; 1 GB local at 0.5 rounds up to 1.
+		{"half GB and rounding", Choice{VCPUs: 1, RAMMB: 512, DiskGB: 1}, 61, 61, 61 * 720, 3, nil},
+		{"gpu", Choice{VCPUs: 16, RAMMB: 120 * 1024, DiskGB: 200, GPUModel: "A100 80GB", GPUCount: 2},
+			800 + 2400 + 100 + 3000, 6300, 6300 * 720, 4, nil},
+		// Windows: 4 vCPU × 60 + 1 per server.
+		{"windows", Choice{VCPUs: 4, RAMMB: 0, OSType: "Windows"}, 200 + 240 + 1, 441, 441 * 720, 3, nil},
+		{"nothing", Choice{}, 0, 0, 0, 0, nil},
+		{"unknown gpu", Choice{VCPUs: 1, GPUModel: "H100", GPUCount: 1}, 0, 0, 0, 0, ErrUnpriced},
+		{"unknown disk type", Choice{DiskType: "tape", DiskGB: 1}, 0, 0, 0, 0, ErrUnpriced},
+		{"negative", Choice{VCPUs: -1}, 0, 0, 0, 0, ErrInvalid},
+		{"too many", Choice{VCPUs: 1, Quantity: 10001}, 0, 0, 0, 0, ErrInvalid},
+		{"gpu count without model", Choice{GPUCount: 1}, 0, 0, 0, 0, ErrInvalid},
+		{"huge", Choice{VCPUs: maxUnits, RAMMB: maxRAMMB, DiskGB: maxUnits, Quantity: maxQuantity}, 0, 0, 0, 0, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q, err := testPrices().Quote(tt.c, "RUB", 720)
+			if tt.err != nil {
+				if !errors.Is(err, tt.err) {
+					t.Fatalf("err = %v, want %v", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.name == "huge" {
+				if q.Monthly <= 0 || q.Hourly <= 0 {
+					t.Fatalf("overflow: %+v", q)
+				}
+				return
+			}
+			if q.HourlyEach != tt.each || q.Hourly != tt.hourly || q.Monthly != tt.monthly || len(q.Items) != tt.items {
+				t.Fatalf("quote = each %d hourly %d monthly %d items %d, want %d %d %d %d (%+v)",
+					q.HourlyEach, q.Hourly, q.Monthly, len(q.Items), tt.each, tt.hourly, tt.monthly, tt.items, q.Items)
+			}
+			var sum int64
+			for _, it := range q.Items {
+				sum += it.Hourly
+			}
+			if sum != q.HourlyEach {
+				t.Fatalf("line items sum to %d, hourly_each %d", sum, q.HourlyEach)
+			}
+		})
+	}
+}
+
+// TestSeededPrices checks the migration's defaults load and quote like the
+// literal list above.
+func TestSeededPrices(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		db := openDB(t, url)
+		p, err := loadPrices(context.Background(), db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := testPrices()
+		want.WindowsServer = 0
+		want.GPU["L4"] = 4000000
+		if p.VCPU != want.VCPU || p.RAMGB != want.RAMGB || p.DiskGB["network"] != 8000 || p.GPU["L4"] != 4000000 ||
+			p.WindowsServer != 0 || p.BackupGB != 3000 {
+			t.Fatalf("seeded prices = %+v", p)
+		}
+		if err := p.validate(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
