@@ -50,11 +50,7 @@ func (s *Service) getAccount(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	a, err := s.Account(r.Context(), p)
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusOK, map[string]any{"account": a}), nil
+	return s.accountResponse(r, p)
 }
 
 func (s *Service) adminGetAccount(r *http.Request) (*api.Response, error) {
@@ -62,11 +58,7 @@ func (s *Service) adminGetAccount(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	a, err := s.Account(r.Context(), p)
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusOK, map[string]any{"account": a}), nil
+	return s.accountResponse(r, p)
 }
 
 func pathProject(r *http.Request) (string, error) {
@@ -307,11 +299,7 @@ func (s *Service) putCreditLimit(r *http.Request) (*api.Response, error) {
 	if err := s.SetCreditLimit(r.Context(), p, *body.CreditLimit); err != nil {
 		return nil, err
 	}
-	a, err := s.Account(r.Context(), p)
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusOK, map[string]any{"account": a}), nil
+	return s.accountResponse(r, p)
 }
 
 func (s *Service) createAdjustment(r *http.Request) (*api.Response, error) {
@@ -337,4 +325,13 @@ func (s *Service) createAdjustment(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	return api.JSON(http.StatusCreated, map[string]any{"adjustment": e}), nil
+}
+
+// accountResponse answers with a project's account as it now stands.
+func (s *Service) accountResponse(r *http.Request, project string) (*api.Response, error) {
+	a, err := s.Account(r.Context(), project)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"account": a}), nil
 }

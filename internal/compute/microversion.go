@@ -126,10 +126,9 @@ func decorate(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasPrefix(r.URL.Path, "/v2.1") {
 		return
 	}
+	// A request whose version did not parse carries none, so this is 2.1
+	// for its error answer, as Nova echoes.
 	v := VersionFrom(r.Context())
-	if _, err := parseVersion(r); err != nil {
-		v = MinVersion
-	}
 	h.Set("OpenStack-API-Version", "compute "+v.String())
 	h.Set("X-OpenStack-Nova-API-Version", v.String())
 	h["Vary"] = []string{"OpenStack-API-Version", "X-OpenStack-Nova-API-Version"}
