@@ -23,7 +23,7 @@ import (
 //	PUT  /v1/accounts/{project}/credit_limit   admin: {"credit_limit": N}
 //	POST /v1/accounts/{project}/adjustments    admin: {"adjustment": {"amount": N, "reference": "…"}}
 func (s *Service) Routes() []api.Route {
-	return []api.Route{
+	routes := []api.Route{
 		{Pattern: "GET /v1/account", Handler: s.getAccount},
 		{Pattern: "GET /v1/ledger", Handler: s.listLedger},
 		{Pattern: "POST /v1/topups", Handler: s.createTopup},
@@ -34,6 +34,10 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "PUT /v1/accounts/{project}/credit_limit", Handler: s.putCreditLimit, AdminOnly: true, Policy: "billing:accounts:credit_limit"},
 		{Pattern: "POST /v1/accounts/{project}/adjustments", Handler: s.createAdjustment, AdminOnly: true, Policy: "billing:accounts:adjust"},
 	}
+	routes = append(routes, s.paymentRoutes()...)
+	routes = append(routes, s.trialRoutes()...)
+	routes = append(routes, s.termRoutes()...)
+	return append(routes, s.usageRoutes()...)
 }
 
 // project is the caller's project; billing needs a project-scoped token.

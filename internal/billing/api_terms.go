@@ -1,0 +1,6 @@
+package billing
+
+import "nimbus/internal/api"
+
+// termRoutes are the prepaid terms' routes.
+func (s *Service) termRoutes() []api.Route { return nil }
