@@ -1,6 +1,7 @@
 // Command nimbus is the whole Nimbus cloud in one binary.
 //
 //	nimbus serve [flags]   run a controller (identity, compute, image, network)
+//	nimbus admin …         the operator's commands on the controller's database
 //	nimbus version         print the version
 package main
 
@@ -23,6 +24,8 @@ func main() {
 		err = serve(os.Args[2:])
 	case "bench":
 		err = bench(os.Args[2:])
+	case "admin":
+		err = admin(os.Args[2:])
 	case "version", "--version":
 		fmt.Println("nimbus", version)
 	case "help", "-h", "--help":
@@ -44,6 +47,7 @@ func usage() {
 Commands:
   serve     run a Nimbus controller with its local fleet
   bench     measure a running or in-process Nimbus (see nimbus bench -h)
+  admin     the operator's commands, e.g. nimbus admin billing run (see nimbus admin -h)
   version   print the version
 
 Run "nimbus <command> -h" for the flags of a command.

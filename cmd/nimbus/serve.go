@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"nimbus/internal/billing"
 	"nimbus/internal/cloud"
 	"nimbus/internal/driver/fake"
 )
@@ -47,8 +48,24 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.Driver, "driver", "fake", "hypervisor driver: fake")
 	fleetFile := fs.String("fleet", "", "JSON file describing the fake fleet's hosts (default: a demo fleet)")
 	fs.DurationVar(&cfg.FakeDelay, "fake-delay", 500*time.Millisecond, "how long the fake driver takes per step")
+	fs.StringVar(&cfg.Billing.Currency, "billing-currency", "RUB", "ISO 4217 code of all amounts")
+	fs.Int64Var(&cfg.Billing.MinTopup, "billing-min-topup", 10000, "smallest top-up, in minor units (10000 = 100.00)")
+	fs.Int64Var(&cfg.Billing.DefaultCreditLimit, "billing-credit-limit", 0, "credit limit of new accounts, in minor units")
+	fs.StringVar(&cfg.Billing.PresentationCurrency, "billing-presentation-currency", "", "a second currency shown beside amounts, e.g. USD")
+	fs.StringVar(&cfg.Billing.PresentationRate, "billing-presentation-rate", "0.011", "major units of the presentation currency per major unit of the billing currency")
+	testPayments := fs.Bool("billing-test-payments", true, "offer the simulated payment providers (test, webhook-test); turn off in production")
+	fs.Int64Var(&cfg.DemoCredit, "demo-credit", 100000, "the demo project's welcome credit on first start, in minor units")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Parse(args)
+	cfg.Billing.NoTestPayments = !*testPayments
+	if cfg.Billing.PresentationCurrency != "" {
+		if _, err := billing.ParseRate(cfg.Billing.PresentationRate); err != nil {
+			return fmt.Errorf("--billing-presentation-rate: %w", err)
+		}
+	}
+	if cfg.Billing.MinTopup < 1 || cfg.Billing.DefaultCreditLimit < 0 || cfg.DemoCredit < 0 {
+		return fmt.Errorf("--billing-min-topup must be positive, --billing-credit-limit and --demo-credit not negative")
+	}
 
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {

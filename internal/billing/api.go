@@ -124,16 +124,32 @@ func wrapped(r *http.Request, key string, v any) error {
 	return api.Unmarshal(inner, v)
 }
 
+// createTopup takes a customer's payment: {"topup": {"amount": N,
+// "provider": "test", "card": "…"}}. It answers 201 with the top-up, whose
+// status is succeeded, or pending when the provider confirms by webhook; a
+// declined payment is 402 and recorded as failed.
 func (s *Service) createTopup(r *http.Request) (*api.Response, error) {
 	p, err := project(r)
 	if err != nil {
 		return nil, err
 	}
+	var raw json.RawMessage
+	if err := wrapped(r, "topup", &raw); err != nil {
+		return nil, err
+	}
+	var fields map[string]json.RawMessage
+	if err := api.Unmarshal(raw, &fields); err != nil {
+		return nil, err
+	}
+	if err := api.UnknownFields(fields, "amount", "provider", "card"); err != nil {
+		return nil, err
+	}
 	var body struct {
 		Amount   *int64 `json:"amount"`
 		Provider string `json:"provider"`
+		Card     string `json:"card"`
 	}
-	if err := wrapped(r, "topup", &body); err != nil {
+	if err := api.Unmarshal(raw, &body); err != nil {
 		return nil, err
 	}
 	if body.Amount == nil {
@@ -142,21 +158,46 @@ func (s *Service) createTopup(r *http.Request) (*api.Response, error) {
 	if body.Provider == "" {
 		body.Provider = "test"
 	}
-	e, err := s.Topup(r.Context(), p, body.Provider, *body.Amount)
+	if body.Card != "" && !isCardNumber(body.Card) {
+		return nil, api.BadRequest("'card' must be a card number of 12 to 19 digits.")
+	}
+	t, err := s.Topup(r.Context(), body.Provider, PayRequest{Project: p, Amount: *body.Amount, Card: body.Card})
+	if err != nil {
+		return nil, topupError(err, body.Provider, t)
+	}
+	return api.JSON(http.StatusCreated, map[string]any{"topup": t}), nil
+}
+
+// topupError maps Topup's errors to client answers.
+func topupError(err error, provider string, t *Topup) error {
 	var te *TopupError
 	switch {
 	case errors.As(err, &te):
-		return nil, api.BadRequest("%s", te.Error())
+		return api.BadRequest("%s", te.Error())
 	case errors.Is(err, ErrUnknownProvider):
-		return nil, api.BadRequest("Unknown payment provider %q.", body.Provider)
-	case errors.Is(err, ErrDeclined):
-		return nil, api.Errorf(http.StatusPaymentRequired, "The payment was declined.")
-	case err != nil:
-		return nil, err
+		return api.BadRequest("Unknown payment provider %q.", provider)
+	case errors.Is(err, ErrOperatorOnly):
+		return api.Forbidden("Payment provider %q is for operators: they credit an account with "+
+			"POST /v1/accounts/{project}/topups.", provider)
+	case errors.Is(err, ErrDeclined) && t != nil:
+		return api.Errorf(http.StatusPaymentRequired, "The payment was declined (%s); top-up %s is recorded as failed and nothing was credited.",
+			t.FailureReason, t.ID)
+	case errors.Is(err, ErrProviderFailed) && t != nil:
+		return api.Errorf(http.StatusBadGateway, "The payment provider %q did not answer; top-up %s is pending until it does.", provider, t.ID)
 	}
-	return api.JSON(http.StatusCreated, map[string]any{"topup": map[string]any{
-		"id": e.ID, "amount": e.Amount, "currency": s.cfg.Currency, "provider": body.Provider,
-		"status": "succeeded", "reference": e.Reference, "created_at": e.CreatedAt}}), nil
+	return err
+}
+
+func isCardNumber(s string) bool {
+	if len(s) < 12 || len(s) > 19 {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // quoteRequest is a configurator choice on the wire: RAM in whole GB.
@@ -208,13 +249,31 @@ func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusOK, map[string]any{"quote": q}), nil
+	pr, err := s.present(map[string]int64{"hourly_each": q.HourlyEach, "hourly": q.Hourly, "monthly": q.Monthly})
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"quote": struct {
+		Quote
+		Presentation *Presentation `json:"presentation,omitempty"`
+	}{q, pr}}), nil
 }
 
-func (s *Service) pricesBody(p *PriceList) map[string]any {
-	return map[string]any{"prices": map[string]any{
+// pricesBody is the price list; with a presentation currency it also names
+// that currency, its rate and the minimum top-up in it (rates stay in the
+// ledger currency: converting 1/10000 of a minor unit would round them away).
+func (s *Service) pricesBody(p *PriceList) (map[string]any, error) {
+	body := map[string]any{
 		"currency": s.cfg.Currency, "rate_scale": RateScale, "hours_per_month": s.cfg.HoursPerMonth,
-		"min_topup": s.cfg.MinTopup, "hourly": p}}
+		"min_topup": s.cfg.MinTopup, "hourly": p}
+	pr, err := s.present(map[string]int64{"min_topup": s.cfg.MinTopup})
+	if err != nil {
+		return nil, err
+	}
+	if pr != nil {
+		body["presentation"] = pr
+	}
+	return map[string]any{"prices": body}, nil
 }
 
 func (s *Service) getPrices(r *http.Request) (*api.Response, error) {
@@ -222,7 +281,11 @@ func (s *Service) getPrices(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusOK, s.pricesBody(p)), nil
+	body, err := s.pricesBody(p)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, body), nil
 }
 
 // putPrices changes the rates named in {"prices": {"hourly": {...}}}: a
@@ -283,7 +346,11 @@ func (s *Service) putPrices(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusOK, s.pricesBody(out)), nil
+	resp, err := s.pricesBody(out)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, resp), nil
 }
 
 func (s *Service) putCreditLimit(r *http.Request) (*api.Response, error) {

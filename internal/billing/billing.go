@@ -46,6 +46,24 @@ type Config struct {
 	// BatchSize is how many servers one charging transaction covers
 	// (default 5000).
 	BatchSize int
+	// WebhookSecrets holds each payment provider's webhook signing secret,
+	// by provider name. "webhook-test" gets a random one per process when
+	// unset.
+	WebhookSecrets map[string]string
+	// PresentationCurrency is an optional second currency (ISO 4217, e.g.
+	// "USD") in which account, quote and price responses also show their
+	// amounts; it is display only, the ledger stays in Currency.
+	PresentationCurrency string
+	// PresentationRate is how many major units of PresentationCurrency one
+	// major unit of Currency is worth, as an exact decimal or fraction
+	// ("0.011" or "11/1000"; see ParseRate). Both currencies are taken to
+	// have two decimal places. An invalid rate disables the presentation
+	// currency with a logged error.
+	PresentationRate string
+	// NoTestPayments turns off the simulated providers (test and
+	// webhook-test), which credit accounts without taking money: a
+	// production cloud sets it and plugs in a real provider.
+	NoTestPayments bool
 	// Now is the clock (default time.Now); tests inject theirs.
 	Now func() time.Time
 	// Log gets the charging job's lines (default slog.Default()).
@@ -77,6 +95,21 @@ func (c Config) withDefaults() Config {
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
+	if c.WebhookSecrets[webhookTestName] == "" {
+		m := map[string]string{webhookTestName: randomSecret()}
+		for k, v := range c.WebhookSecrets {
+			if k != webhookTestName {
+				m[k] = v
+			}
+		}
+		c.WebhookSecrets = m
+	}
+	if c.PresentationCurrency != "" {
+		if _, err := ParseRate(c.PresentationRate); err != nil {
+			c.Log.Error("billing: presentation currency disabled", "currency", c.PresentationCurrency, "error", err)
+			c.PresentationCurrency = ""
+		}
+	}
 	return c
 }
 
@@ -85,12 +118,18 @@ type Service struct {
 	db        *store.DB
 	cfg       Config
 	providers map[string]PaymentProvider
+	suspender Suspender // shelves servers; nil: nothing is shelved
+	// crashHook, when set, runs inside each charging transaction after its
+	// inserts and before the commit: tests kill the process there.
+	crashHook func()
 }
 
 // New makes the billing service. The tables come from migration 0008.
 func New(db *store.DB, cfg Config) *Service {
 	s := &Service{db: db, cfg: cfg.withDefaults(), providers: map[string]PaymentProvider{}}
-	s.AddProvider(TestProvider{})
+	if !s.cfg.NoTestPayments {
+		s.AddProvider(TestProvider{})
+	}
 	return s
 }
 

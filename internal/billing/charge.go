@@ -2,12 +2,10 @@ package billing
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -33,22 +31,25 @@ const chargeRowsPerInsert = 500
 
 // ChargeUntil runs one charging pass at time now: every started hour since
 // the last complete one, up to the hour now is in, is charged for every
-// server that existed during it, at its flavor's quoted hourly price.
+// metered resource (internal/metering) that existed during it, at its
+// quoted hourly price, except hours a prepaid term covers.
 //
 // Exactly once: each charge is one ledger row unique on (kind, resource_id,
 // period_start), inserted with ON CONFLICT DO NOTHING, so re-running a
 // pass, or two processes running it at once on one PostgreSQL, records
-// nothing twice. The current hour is charged on every pass (a server
-// created later in the hour is charged by the next pass); an hour is marked
-// complete in billing_state only once it ended Config.Grace ago.
+// nothing twice. The current hour is charged on every pass (a resource
+// created later in the hour is charged by the next pass); an hour is
+// marked complete in billing_state only once it ended Config.Grace ago.
 //
-// Rules: a server pays from the hour of its created_at to the hour of its
-// terminated_at when deleted (each started hour in full); stopped servers
-// pay. Simplification: compute keeps no history of vm_state, so shelving
-// is judged by the server's state when the pass runs: a server shelved or
-// shelved_offloaded at pass time is not charged for any hour that pass
-// processes. With the job running each hour this only misjudges the hours
-// a late (catch-up) pass covers.
+// Rules: a resource pays each hour any of its usage periods touches (a
+// started hour in full), at the price of the earliest period in that hour,
+// so a resize changes the price from the next hour. Compute keeps a
+// server's period open while it is placed and not shelved, stopped or
+// not, so shelving stops charging and deleting ends it.
+//
+// Before charging, terms that ended are renewed or ended; after it, trial
+// credit that expired is taken back and every account that spends is
+// checked for running dry.
 func (s *Service) ChargeUntil(ctx context.Context, now time.Time) (Result, error) {
 	now = now.UTC()
 	current := now.Truncate(time.Hour)
@@ -56,39 +57,60 @@ func (s *Service) ChargeUntil(ctx context.Context, now time.Time) (Result, error
 	if err != nil {
 		return Result{}, err
 	}
+	if err := s.endTerms(ctx, now); err != nil {
+		return Result{}, err
+	}
 	res := Result{From: through.Add(time.Hour), To: current, CaughtUp: true}
-	if res.From.After(res.To) {
-		return res, nil
+	spend := map[string]int64{}
+	if !res.From.After(res.To) {
+		if n := int(res.To.Sub(res.From)/time.Hour) + 1; n > s.cfg.MaxCatchUpHours {
+			res.To = res.From.Add(time.Duration(s.cfg.MaxCatchUpHours-1) * time.Hour)
+			res.CaughtUp = false
+		}
+		res.Hours = int(res.To.Sub(res.From)/time.Hour) + 1
+		if spend, err = s.charge(ctx, now, &res); err != nil {
+			return res, err
+		}
 	}
-	if n := int(res.To.Sub(res.From)/time.Hour) + 1; n > s.cfg.MaxCatchUpHours {
-		res.To = res.From.Add(time.Duration(s.cfg.MaxCatchUpHours-1) * time.Hour)
-		res.CaughtUp = false
+	if res.CaughtUp {
+		if err := s.ExpireTrials(ctx, now); err != nil {
+			return res, err
+		}
+		if err := s.checkAccounts(ctx, now, spend); err != nil {
+			return res, err
+		}
 	}
-	res.Hours = int(res.To.Sub(res.From)/time.Hour) + 1
+	return res, nil
+}
+
+// charge runs the hours of res and answers each project's hourly spend in
+// the last of them.
+func (s *Service) charge(ctx context.Context, now time.Time, res *Result) (map[string]int64, error) {
 	prices, err := loadPrices(ctx, s.db)
 	if err != nil {
-		return res, err
+		return nil, err
+	}
+	terms, err := s.termSpans(ctx, res.From, res.To)
+	if err != nil {
+		return nil, err
 	}
 	p := &pass{s: s, prices: prices, from: res.From, to: res.To, createdAt: store.FormatTime(now),
-		quotes: map[string]int64{}, accounts: map[string]bool{}}
-	for h := res.From; !h.After(res.To); h = h.Add(time.Hour) {
-		p.hours = append(p.hours, store.FormatTime(h))
-	}
-	// A server row unchanged since Grace before the last complete pass was
-	// seen by that pass as it is now, so its hours up to that pass's hour
-	// are charged already: skip them instead of re-inserting.
+		quotes: map[string]int64{}, accounts: map[string]bool{}, terms: terms, spend: map[string]int64{}}
+	// A period unchanged since Grace before the last complete pass was seen
+	// by that pass as it is now, so its hours up to that pass's hour are
+	// charged already: skip them instead of re-inserting.
 	if v, err := s.state(ctx, stateLastPass); err != nil {
-		return res, err
+		return nil, err
 	} else if v != "" {
 		last := store.ParseTime(v)
-		p.seenBefore = store.FormatTime(last.Add(-s.cfg.Grace))
+		p.seenBefore = last.Add(-s.cfg.Grace)
 		p.seenThrough = last.Truncate(time.Hour)
 	}
 	after := ""
 	for {
 		n, last, err := p.batch(ctx, after)
 		if err != nil {
-			return res, err
+			return nil, err
 		}
 		if n == 0 {
 			break
@@ -96,7 +118,7 @@ func (s *Service) ChargeUntil(ctx context.Context, now time.Time) (Result, error
 		after = last
 	}
 	res.Charges, res.Amount = p.charges, p.amount
-	// Hours that ended Grace ago are complete: no server can still appear
+	// Hours that ended Grace ago are complete: no period can still appear
 	// in them.
 	complete := now.Add(-s.cfg.Grace).Truncate(time.Hour).Add(-time.Hour)
 	if complete.After(res.To) {
@@ -104,15 +126,15 @@ func (s *Service) ChargeUntil(ctx context.Context, now time.Time) (Result, error
 	}
 	if !complete.Before(res.From) {
 		if err := s.setState(ctx, stateChargedThrough, store.FormatTime(complete)); err != nil {
-			return res, err
+			return nil, err
 		}
 	}
 	if res.CaughtUp {
 		if err := s.setState(ctx, stateLastPass, store.FormatTime(now)); err != nil {
-			return res, err
+			return nil, err
 		}
 	}
-	return res, nil
+	return p.spend, nil
 }
 
 // chargedThrough is the start of the last complete hour; the first pass
@@ -165,98 +187,45 @@ type pass struct {
 	prices    *PriceList
 	from, to  time.Time
 	createdAt string
-	hours     []string // FormatTime of each hour from..to
-	// seenBefore and seenThrough: rows updated before seenBefore are
-	// charged through the hour seenThrough already ("" when unknown).
-	seenBefore  string
+	// seenBefore and seenThrough: periods changed before seenBefore are
+	// charged through the hour seenThrough already (zero when unknown).
+	seenBefore  time.Time
 	seenThrough time.Time
-	// quotes caches the hourly price by what it depends on: servers of one
-	// flavor share it, so 100,000 servers need a handful of quotes.
+	// quotes caches the hourly price by spec: servers of one flavor share
+	// it, so 100,000 servers need a handful of quotes.
 	quotes map[string]int64
-	// accounts known to exist, so each is ensured once per pass, not per
-	// batch.
+	// accounts known to exist, so each is ensured once per pass.
 	accounts map[string]bool
+	terms    map[string][]span // prepaid terms by resource
+	spend    map[string]int64  // project → hourly price of what runs in hour `to`
 	charges  int
 	amount   int64
 }
 
-// serverDoc is the part of compute's server document billing reads
-// (internal/compute/server_store.go serverDoc).
-type serverDoc struct {
-	Flavor struct {
-		ExtraSpecs map[string]string `json:"extra_specs"`
-	} `json:"flavor"`
-	OSType string `json:"os_type"`
-}
-
 type charge struct {
 	project, resource string
-	hour              string
+	hour              time.Time
 	amount            int64
 	ref               string
 }
 
-// batch charges up to BatchSize servers with ids after `after`, in one
-// transaction. It answers how many servers it read and the last id.
+// batch charges the periods with ids after `after`, up to BatchSize, in
+// one transaction. It answers how many periods it read and the last id.
 func (p *pass) batch(ctx context.Context, after string) (int, string, error) {
-	end := p.to.Add(time.Hour)
-	rows, err := p.s.db.Query(ctx, `SELECT id, project_id, vm_state, flavor_id, vcpus, memory_mb, disk_gb, created_at, updated_at,
- terminated_at, deleted, doc FROM compute_servers
- WHERE id > ? AND created_at < ? AND (deleted = 0 OR terminated_at >= ? OR terminated_at = '')
- ORDER BY id LIMIT ?`, after, store.FormatTime(end), store.FormatTime(p.from), p.s.cfg.BatchSize)
+	rows, err := p.s.db.Query(ctx, `SELECT `+metering.Columns+` FROM metering_periods
+ WHERE id > ? AND started_at < ? AND (ended_at = '' OR ended_at > ? OR (ended_at = started_at AND started_at >= ?))
+ ORDER BY id LIMIT ?`, after, store.FormatTime(p.to.Add(time.Hour)), store.FormatTime(p.from), store.FormatTime(p.from), p.s.cfg.BatchSize)
 	if err != nil {
 		return 0, "", err
 	}
-	var (
-		n       int
-		last    string
-		charges []charge
-		ids     = map[string]bool{}
-	)
+	var periods []metering.Period
 	for rows.Next() {
-		var id, project, vmState, flavorID, created, updated, terminated, doc string
-		var vcpus, memMB, diskGB int64
-		var deleted int
-		if err := rows.Scan(&id, &project, &vmState, &flavorID, &vcpus, &memMB, &diskGB, &created, &updated,
-			&terminated, &deleted, &doc); err != nil {
+		var pd metering.Period
+		if err := metering.Scan(rows, &pd); err != nil {
 			rows.Close()
 			return 0, "", err
 		}
-		n++
-		last = id
-		if deleted == 0 && (vmState == "shelved" || vmState == "shelved_offloaded") {
-			continue
-		}
-		first := store.ParseTime(created).Truncate(time.Hour)
-		if p.seenBefore != "" && updated < p.seenBefore && !first.After(p.seenThrough) {
-			first = p.seenThrough.Add(time.Hour)
-		}
-		lastHour := p.to
-		if deleted != 0 {
-			t := terminated
-			if t == "" {
-				t = updated // deleted before it ever launched
-			}
-			lastHour = store.ParseTime(t).Truncate(time.Hour)
-		}
-		if first.Before(p.from) {
-			first = p.from
-		}
-		if lastHour.After(p.to) {
-			lastHour = p.to
-		}
-		if first.After(lastHour) {
-			continue
-		}
-		price, err := p.hourly(vcpus, memMB, diskGB, doc)
-		if err != nil {
-			p.s.cfg.Log.Warn("billing: server not fully priced", "server", id, "error", err)
-		}
-		ref := "server:" + flavorID
-		for h := first; !h.After(lastHour); h = h.Add(time.Hour) {
-			charges = append(charges, charge{project: project, resource: id, hour: p.hours[h.Sub(p.from)/time.Hour], amount: price, ref: ref})
-		}
-		ids[project] = true
+		periods = append(periods, pd)
 	}
 	if err := rows.Close(); err != nil {
 		return 0, "", err
@@ -264,14 +233,39 @@ func (p *pass) batch(ctx context.Context, after string) (int, string, error) {
 	if err := rows.Err(); err != nil {
 		return 0, "", err
 	}
+	if len(periods) == 0 {
+		return 0, "", nil
+	}
+	last := periods[len(periods)-1].ID
+	metering.SortPeriods(periods)
+	var charges []charge
+	projects := map[string]bool{}
+	metering.Assign(periods, p.from, p.to, func(h metering.Hour) bool {
+		pd := h.Period
+		price, err := p.hourly(pd)
+		if err != nil {
+			p.s.cfg.Log.Warn("billing: resource not fully priced", "resource", pd.ResourceID, "error", err)
+		}
+		covered := coveredBy(p.terms[pd.ResourceID], h.Start)
+		if h.Start.Equal(p.to) && pd.Open() && !covered {
+			p.spend[pd.ProjectID] += price
+		}
+		if covered || (!p.seenBefore.IsZero() && pd.Changed.Before(p.seenBefore) && !h.Start.After(p.seenThrough)) {
+			return true
+		}
+		charges = append(charges, charge{project: pd.ProjectID, resource: pd.ResourceID, hour: h.Start, amount: price,
+			ref: "hour:" + refName(pd)})
+		projects[pd.ProjectID] = true
+		return true
+	})
 	if len(charges) == 0 {
-		return n, last, nil
+		return len(periods), last, nil
 	}
 	var inserted int
 	var amount int64
 	err = p.s.db.Tx(ctx, func(tx *store.Tx) error {
 		inserted, amount = 0, 0
-		for project := range ids {
+		for project := range projects {
 			if p.accounts[project] {
 				continue
 			}
@@ -288,6 +282,9 @@ func (p *pass) batch(ctx context.Context, after string) (int, string, error) {
 			inserted += k
 			amount += a
 		}
+		if p.s.crashHook != nil {
+			p.s.crashHook()
+		}
 		return nil
 	})
 	if err != nil {
@@ -295,10 +292,18 @@ func (p *pass) batch(ctx context.Context, after string) (int, string, error) {
 	}
 	p.charges += inserted
 	p.amount += amount
-	for project := range ids {
+	for project := range projects {
 		p.accounts[project] = true // committed: no need to ensure it again this pass
 	}
-	return n, last, nil
+	return len(periods), last, nil
+}
+
+// refName names what was charged in the ledger's reference.
+func refName(pd *metering.Period) string {
+	if pd.Spec.Flavor != "" {
+		return pd.Kind + ":" + pd.Spec.Flavor
+	}
+	return pd.Kind
 }
 
 // insert writes charges with one multi-row INSERT that skips those already
@@ -315,7 +320,7 @@ func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, in
 			b.WriteString(", ")
 		}
 		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
-		args = append(args, newID(), c.project, KindCharge, -c.amount, c.resource, c.hour, p.createdAt, c.ref)
+		args = append(args, newID(), c.project, KindCharge, -c.amount, c.resource, store.FormatTime(c.hour), p.createdAt, c.ref)
 		sum += c.amount
 	}
 	b.WriteString(" ON CONFLICT DO NOTHING")
@@ -333,66 +338,13 @@ func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, in
 	return int(k), sum, nil
 }
 
-// hourly is a server's price for one hour: Quote of its flavor snapshot.
-func (p *pass) hourly(vcpus, memMB, diskGB int64, doc string) (int64, error) {
-	var d serverDoc
-	if err := json.Unmarshal([]byte(doc), &d); err != nil {
-		return 0, fmt.Errorf("server document: %w", err)
-	}
-	c := choiceOf(vcpus, memMB, diskGB, d.Flavor.ExtraSpecs, d.OSType)
-	key := fmt.Sprintf("%d/%d/%d/%s/%d/%s/%t/%s", c.VCPUs, c.RAMMB, c.DiskGB, c.DiskType, c.GPUCount, c.GPUModel, c.PublicIPv4, c.OSType)
+// hourly is a period's price for one hour: the Quote of its spec.
+func (p *pass) hourly(pd *metering.Period) (int64, error) {
+	key := pd.Kind + store.JSON(pd.Spec)
 	if v, ok := p.quotes[key]; ok {
 		return v, nil
 	}
-	q, err := p.prices.Quote(c, p.s.cfg.Currency, p.s.cfg.HoursPerMonth)
-	if err != nil {
-		// Charge what is priced rather than nothing: drop the unpriced GPU
-		// or disk type and quote again.
-		c.GPUCount, c.GPUModel = 0, ""
-		if _, ok := p.prices.DiskGB[c.DiskType]; !ok {
-			c.DiskType = "local"
-		}
-		q2, err2 := p.prices.Quote(c, p.s.cfg.Currency, p.s.cfg.HoursPerMonth)
-		if err2 != nil {
-			return 0, err2
-		}
-		p.quotes[key] = q2.Hourly
-		return q2.Hourly, err
-	}
-	p.quotes[key] = q.Hourly
-	return q.Hourly, nil
-}
-
-// choiceOf is the configurator choice a server's flavor amounts to:
-// its vCPUs, RAM and disk, and from the flavor's extra specs the disk type
-// (nimbus:disk_type), public IPv4 (nimbus:public_ipv4), GPU model
-// (nimbus:gpu_model) and count (pci_passthrough:alias "alias:count").
-func choiceOf(vcpus, memMB, diskGB int64, specs map[string]string, osType string) Choice {
-	c := Choice{VCPUs: vcpus, RAMMB: memMB, DiskGB: diskGB, DiskType: specs["nimbus:disk_type"], Quantity: 1}
-	if c.DiskType == "" {
-		c.DiskType = "local"
-	}
-	c.PublicIPv4 = specs["nimbus:public_ipv4"] == "true"
-	if m := specs["nimbus:gpu_model"]; m != "" {
-		c.GPUModel = m
-		c.GPUCount = 1
-		// "alias:count[,alias:count…]": sum the counts.
-		if alias := specs["pci_passthrough:alias"]; alias != "" {
-			var total int64
-			for _, part := range strings.Split(alias, ",") {
-				if _, cnt, ok := strings.Cut(part, ":"); ok {
-					if n, err := strconv.ParseInt(strings.TrimSpace(cnt), 10, 64); err == nil && n > 0 {
-						total += n
-					}
-				}
-			}
-			if total > 0 {
-				c.GPUCount = total
-			}
-		}
-	}
-	if strings.EqualFold(osType, "windows") {
-		c.OSType = "windows"
-	}
-	return c
+	v, err := p.prices.HourlyOf(pd.Kind, pd.Spec, p.s.cfg.Currency, p.s.cfg.HoursPerMonth)
+	p.quotes[key] = v
+	return v, err
 }

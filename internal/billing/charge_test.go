@@ -23,7 +23,7 @@ func TestServerLife(t *testing.T) {
 		c.set("2026-03-01T09:50:00Z")
 		mustCharge(t, b, c.t) // first pass ever: nothing yet
 		insertServers(t, db, []testServer{stdServer("srv-1", "p1", at("2026-03-01T10:20:00Z")),
-			// Shelved at every pass: not charged (state at pass time).
+			// Shelved since before billing saw it: no usage period, no charge.
 			func() testServer {
 				s := stdServer("srv-shelved", "p1", at("2026-03-01T10:00:00Z"))
 				s.vmState = "shelved_offloaded"
@@ -176,8 +176,8 @@ func TestUnshelveMidHour(t *testing.T) {
 		c := &clock{}
 		b := New(db, Config{Now: c.now})
 		sh := stdServer("srv-sh", "p1", at("2026-03-01T08:00:00Z"))
-		sh.vmState = "shelved_offloaded"
 		insertServers(t, db, []testServer{sh, stdServer("srv-on", "p1", at("2026-03-01T08:00:00Z"))})
+		setState(t, db, "srv-sh", "shelved_offloaded", at("2026-03-01T08:30:00Z"))
 		mustCharge(t, b, at("2026-03-01T10:05:00Z"))
 		setState(t, db, "srv-sh", "active", at("2026-03-01T10:40:00Z"))
 		r := mustCharge(t, b, at("2026-03-01T11:05:00Z"))

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -32,7 +35,7 @@ func openDB(t testing.TB, url string) *store.DB {
 	return db
 }
 
-// testServer is a compute_servers row as internal/compute writes it.
+// testServer is a server as compute meters it.
 type testServer struct {
 	id, project, vmState, flavorID string
 	vcpus, memMB, diskGB           int
@@ -41,16 +44,14 @@ type testServer struct {
 	created                        time.Time
 }
 
-func (sv testServer) doc() string {
-	return store.JSON(map[string]any{
-		"flavor": map[string]any{"id": sv.flavorID, "name": sv.flavorID, "vcpus": sv.vcpus, "ram": sv.memMB,
-			"disk": sv.diskGB, "ephemeral": 0, "swap": 0, "extra_specs": sv.specs},
-		"metadata": map[string]string{}, "os_type": sv.osType, "instance_name": "instance-" + sv.id,
-		"security_groups": []string{"default"}, "config_drive": false, "disk_config": "MANUAL"})
+func (sv testServer) spec() metering.Spec {
+	return metering.ServerSpec(sv.flavorID, int64(sv.vcpus), int64(sv.memMB), int64(sv.diskGB), sv.specs, sv.osType)
 }
 
-// insertServers writes rows straight into compute_servers, many per
-// statement.
+func billable(vmState string) bool { return vmState != "shelved" && vmState != "shelved_offloaded" }
+
+// insertServers opens the usage periods compute would have opened for
+// servers created at sv.created, many per statement.
 func insertServers(t testing.TB, db *store.DB, svs []testServer) {
 	t.Helper()
 	ctx := context.Background()
@@ -58,16 +59,21 @@ func insertServers(t testing.TB, db *store.DB, svs []testServer) {
 	for i := 0; i < len(svs); i += per {
 		part := svs[i:min(i+per, len(svs))]
 		var b strings.Builder
-		b.WriteString(`INSERT INTO compute_servers (id, project_id, user_id, name, vm_state, flavor_id, reservation_id,
- vcpus, memory_mb, disk_gb, created_at, updated_at, launched_at, doc) VALUES `)
+		b.WriteString(`INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at) VALUES `)
 		args := []any{}
-		for j, sv := range part {
-			if j > 0 {
+		for _, sv := range part {
+			if !billable(sv.vmState) {
+				continue
+			}
+			if len(args) > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString("(?, ?, 'u', ?, ?, ?, 'r-1', ?, ?, ?, ?, ?, ?, ?)")
+			b.WriteString("(?, ?, 'server', ?, ?, ?, '', ?)")
 			c := store.FormatTime(sv.created)
-			args = append(args, sv.id, sv.project, "vm-"+sv.id, sv.vmState, sv.flavorID, sv.vcpus, sv.memMB, sv.diskGB, c, c, c, sv.doc())
+			args = append(args, uuid.Must(uuid.NewV7()).String(), sv.id, sv.project, store.JSON(sv.spec()), c, c)
+		}
+		if len(args) == 0 {
+			continue
 		}
 		if _, err := db.Exec(ctx, b.String(), args...); err != nil {
 			t.Fatal(err)
@@ -75,21 +81,53 @@ func insertServers(t testing.TB, db *store.DB, svs []testServer) {
 	}
 }
 
-func setState(t testing.TB, db *store.DB, id, vmState string, when time.Time) {
+// meter records, as compute does, that server id is now spec (nil: not
+// billable).
+func meter(t testing.TB, db *store.DB, id string, spec *metering.Spec, when time.Time) {
 	t.Helper()
-	if _, err := db.Exec(context.Background(), "UPDATE compute_servers SET vm_state = ?, updated_at = ? WHERE id = ?",
-		vmState, store.FormatTime(when), id); err != nil {
+	ctx := context.Background()
+	var project, raw string
+	if err := db.QueryRow(ctx, `SELECT project_id, spec FROM metering_periods WHERE resource_id = ?
+ ORDER BY started_at DESC LIMIT 1`, id).Scan(&project, &raw); err != nil {
+		t.Fatalf("server %s has no usage period: %v", id, err)
+	}
+	if err := db.Tx(ctx, func(tx *store.Tx) error {
+		return metering.Set(ctx, tx, metering.KindServer, id, project, spec, when)
+	}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func deleteServer(t testing.TB, db *store.DB, id string, when time.Time) {
+// lastSpec is the spec of a server's latest period.
+func lastSpec(t testing.TB, db *store.DB, id string) metering.Spec {
 	t.Helper()
-	w := store.FormatTime(when)
-	if _, err := db.Exec(context.Background(), `UPDATE compute_servers SET vm_state = 'deleted', deleted = 1,
- terminated_at = ?, updated_at = ? WHERE id = ?`, w, w, id); err != nil {
+	var raw string
+	if err := db.QueryRow(context.Background(), `SELECT spec FROM metering_periods WHERE resource_id = ?
+ ORDER BY started_at DESC LIMIT 1`, id).Scan(&raw); err != nil {
 		t.Fatal(err)
 	}
+	var sp metering.Spec
+	if err := store.FromJSON(raw, &sp); err != nil {
+		t.Fatal(err)
+	}
+	return sp
+}
+
+// setState moves a server to vmState as compute would meter it: shelved
+// states close its period, others keep or reopen it.
+func setState(t testing.TB, db *store.DB, id, vmState string, when time.Time) {
+	t.Helper()
+	if !billable(vmState) {
+		meter(t, db, id, nil, when)
+		return
+	}
+	sp := lastSpec(t, db, id)
+	meter(t, db, id, &sp, when)
+}
+
+func deleteServer(t testing.TB, db *store.DB, id string, when time.Time) {
+	t.Helper()
+	meter(t, db, id, nil, when)
 }
 
 // chargesOf is how many charge rows a resource has and their sum.

@@ -2,7 +2,6 @@ package billing
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,6 +25,12 @@ type Account struct {
 	Balance     int64  `json:"balance"`
 	CreditLimit int64  `json:"credit_limit"`
 	Currency    string `json:"currency"`
+	// TrialCredit is what is left of an approved trial's credit (part of
+	// Balance, spent first), until TrialEndsAt; 0 and nil without one.
+	TrialCredit int64      `json:"trial_credit"`
+	TrialEndsAt *time.Time `json:"trial_ends_at"`
+	// Presentation restates the amounts in Config.PresentationCurrency.
+	Presentation *Presentation `json:"presentation,omitempty"`
 }
 
 // Entry is one ledger row.
@@ -38,30 +43,6 @@ type Entry struct {
 	PeriodStart *string   `json:"period_start,omitempty"`
 	CreatedAt   time.Time `json:"created_at"`
 	Reference   string    `json:"reference"`
-}
-
-// PaymentProvider takes a customer's payment for a top-up.
-type PaymentProvider interface {
-	// Name is what POST /v1/topups names in "provider".
-	Name() string
-	// Pay takes amount minor units from the customer of project and answers
-	// the provider's reference, or ErrDeclined.
-	Pay(ctx context.Context, project string, amount int64) (reference string, err error)
-}
-
-// ErrDeclined is returned by a provider that refused a payment.
-var ErrDeclined = errors.New("payment declined")
-
-// TestProvider simulates a card payment that always succeeds; it is what
-// tests and trial installations use.
-type TestProvider struct{}
-
-// Name is "test".
-func (TestProvider) Name() string { return "test" }
-
-// Pay succeeds with a fresh reference.
-func (TestProvider) Pay(context.Context, string, int64) (string, error) {
-	return "test-" + uuid.NewString(), nil
 }
 
 func newID() string { return uuid.Must(uuid.NewV7()).String() }
@@ -85,6 +66,17 @@ func (s *Service) Account(ctx context.Context, project string) (*Account, error)
 	if err := s.db.QueryRow(ctx, "SELECT COALESCE(SUM(amount), 0) FROM billing_ledger WHERE project_id = ?", project).Scan(&a.Balance); err != nil {
 		return nil, err
 	}
+	tr, err := s.openTrial(ctx, s.db, project, s.cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	if tr != nil {
+		a.TrialCredit, a.TrialEndsAt = tr.remaining, &tr.endsAt
+	}
+	a.Presentation, err = s.present(map[string]int64{"balance": a.Balance, "credit_limit": a.CreditLimit, "trial_credit": a.TrialCredit})
+	if err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -104,37 +96,6 @@ func (s *Service) addEntry(ctx context.Context, project, kind string, amount int
 		return nil, err
 	}
 	return e, nil
-}
-
-// Topup takes amount minor units through provider and credits project.
-// Amounts under Config.MinTopup are refused before the provider is asked.
-func (s *Service) Topup(ctx context.Context, project, provider string, amount int64) (*Entry, error) {
-	if amount < s.cfg.MinTopup {
-		return nil, &TopupError{Min: s.cfg.MinTopup, Currency: s.cfg.Currency, Amount: amount}
-	}
-	p, ok := s.providers[provider]
-	if !ok {
-		return nil, ErrUnknownProvider
-	}
-	ref, err := p.Pay(ctx, project, amount)
-	if err != nil {
-		return nil, err
-	}
-	return s.addEntry(ctx, project, KindTopup, amount, provider+":"+ref)
-}
-
-// ErrUnknownProvider is returned for a top-up naming no configured provider.
-var ErrUnknownProvider = errors.New("unknown payment provider")
-
-// TopupError is a top-up under the minimum.
-type TopupError struct {
-	Min, Amount int64
-	Currency    string
-}
-
-func (e *TopupError) Error() string {
-	return "Top-up amount " + itoa(e.Amount) + " is under the minimum of " + itoa(e.Min) +
-		" minor units (" + major(e.Min) + " " + e.Currency + ")."
 }
 
 // SetCreditLimit sets project's credit limit (minor units, ≥ 0).

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -32,6 +34,10 @@ type PriceList struct {
 	WindowsServer int64            `json:"windows_server"` // Windows licence per server
 	VolumeGB      int64            `json:"volume_gb"`
 	BackupGB      int64            `json:"backup_gb"`
+	// TermDiscounts are the prepaid terms on sale: months → discount in
+	// basis points (500 = 5%). Not a rate: kept here because the operator
+	// edits it with the rates.
+	TermDiscounts map[string]int64 `json:"term_discounts"`
 }
 
 // rows flattens the list into billing_prices rows.
@@ -43,6 +49,9 @@ func (p *PriceList) rows() map[string]int64 {
 	}
 	for k, v := range p.GPU {
 		m["gpu:"+k] = v
+	}
+	for k, v := range p.TermDiscounts {
+		m["term:"+k] = v
 	}
 	return m
 }
@@ -67,6 +76,8 @@ func (p *PriceList) set(key string, v int64) {
 		p.DiskGB[strings.TrimPrefix(key, "disk_gb:")] = v
 	case strings.HasPrefix(key, "gpu:"):
 		p.GPU[strings.TrimPrefix(key, "gpu:")] = v
+	case strings.HasPrefix(key, "term:"):
+		p.TermDiscounts[strings.TrimPrefix(key, "term:")] = v
 	}
 }
 
@@ -79,6 +90,15 @@ func (p *PriceList) validate() error {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
+		if m, ok := strings.CutPrefix(k, "term:"); ok {
+			if n, err := strconv.Atoi(m); err != nil || n < 1 || n > maxTermMonths || strconv.Itoa(n) != m {
+				return fmt.Errorf("term %q must be a whole number of months from 1 to %d", m, maxTermMonths)
+			}
+			if v := rows[k]; v < 0 || v >= 10000 {
+				return fmt.Errorf("discount of term %s must be between 0 and 9999 basis points, got %d", m, v)
+			}
+			continue
+		}
 		if v := rows[k]; v < 0 || v > MaxRate {
 			return fmt.Errorf("rate %s must be between 0 and %d, got %d", k, int64(MaxRate), v)
 		}
@@ -96,7 +116,7 @@ func loadPrices(ctx context.Context, q store.Querier) (*PriceList, error) {
 		return nil, err
 	}
 	defer rows.Close()
-	p := &PriceList{DiskGB: map[string]int64{}, GPU: map[string]int64{}}
+	p := &PriceList{DiskGB: map[string]int64{}, GPU: map[string]int64{}, TermDiscounts: map[string]int64{}}
 	for rows.Next() {
 		var k string
 		var v int64
@@ -132,7 +152,9 @@ type Choice struct {
 	GPUCount   int64  `json:"gpu_count,omitempty"`
 	PublicIPv4 bool   `json:"public_ipv4"`
 	OSType     string `json:"os_type,omitempty"` // "windows" adds the licence
-	Quantity   int64  `json:"quantity"`          // 0 means 1
+	VolumeGB   int64  `json:"volume_gb,omitempty"`
+	BackupGB   int64  `json:"backup_gb,omitempty"`
+	Quantity   int64  `json:"quantity"` // 0 means 1
 }
 
 // LineItem is one priced part of a quote, for one server and one hour.
@@ -181,7 +203,8 @@ func (p *PriceList) Quote(c Choice, currency string, hoursPerMonth int) (Quote, 
 	}
 	switch {
 	case c.VCPUs < 0 || c.VCPUs > maxUnits, c.DiskGB < 0 || c.DiskGB > maxUnits,
-		c.GPUCount < 0 || c.GPUCount > maxUnits, c.RAMMB < 0 || c.RAMMB > maxRAMMB:
+		c.GPUCount < 0 || c.GPUCount > maxUnits, c.RAMMB < 0 || c.RAMMB > maxRAMMB,
+		c.VolumeGB < 0 || c.VolumeGB > maxUnits, c.BackupGB < 0 || c.BackupGB > maxUnits:
 		return q, fmt.Errorf("%w: vcpus, ram, disk_gb and gpu_count must be between 0 and %d", ErrInvalid, maxUnits)
 	case q.Quantity < 0 || q.Quantity > maxQuantity:
 		return q, fmt.Errorf("%w: quantity must be between 1 and %d", ErrInvalid, maxQuantity)
@@ -225,6 +248,8 @@ func (p *PriceList) Quote(c Choice, currency string, hoursPerMonth int) (Quote, 
 		add("os:windows", "vcpu", c.VCPUs, p.WindowsVCPU, 1)
 		add("os:windows", "server", 1, p.WindowsServer, 1)
 	}
+	add("volume", "GB", c.VolumeGB, p.VolumeGB, 1)
+	add("backup", "GB", c.BackupGB, p.BackupGB, 1)
 	// Each item is below 2^48 minor units; check the products anyway.
 	if q.HourlyEach > math.MaxInt64/maxQuantity/int64(max(hoursPerMonth, 1)) {
 		return q, fmt.Errorf("%w: price too large", ErrInvalid)
@@ -235,6 +260,77 @@ func (p *PriceList) Quote(c Choice, currency string, hoursPerMonth int) (Quote, 
 		q.Items = []LineItem{}
 	}
 	return q, nil
+}
+
+// maxTermMonths is the longest prepaid term.
+const maxTermMonths = 60
+
+// ChoiceOf is the configurator choice a metered resource amounts to.
+func ChoiceOf(kind string, sp metering.Spec) Choice {
+	switch kind {
+	case metering.KindPublicIP:
+		return Choice{PublicIPv4: true, Quantity: 1}
+	case metering.KindVolume:
+		return Choice{VolumeGB: sp.SizeGB, Quantity: 1}
+	case metering.KindBackup:
+		return Choice{BackupGB: sp.SizeGB, Quantity: 1}
+	}
+	return Choice{VCPUs: sp.VCPUs, RAMMB: sp.RAMMB, DiskType: sp.DiskType, DiskGB: sp.DiskGB, GPUModel: sp.GPUModel,
+		GPUCount: sp.GPUCount, PublicIPv4: sp.PublicIPv4, OSType: sp.OSType, Quantity: 1}
+}
+
+// HourlyOf is a metered resource's price for one hour. When the price list
+// lacks a rate the resource needs (a GPU model or disk type no longer
+// sold), it answers the price of what is priced, and the error.
+func (p *PriceList) HourlyOf(kind string, sp metering.Spec, currency string, hoursPerMonth int) (int64, error) {
+	c := ChoiceOf(kind, sp)
+	q, err := p.Quote(c, currency, hoursPerMonth)
+	if err == nil {
+		return q.Hourly, nil
+	}
+	c.GPUCount, c.GPUModel = 0, ""
+	if _, ok := p.DiskGB[c.DiskType]; !ok {
+		c.DiskType = "local"
+	}
+	q2, err2 := p.Quote(c, currency, hoursPerMonth)
+	if err2 != nil {
+		return 0, err2
+	}
+	return q2.Hourly, err
+}
+
+// TermPrice is the up-front price of a prepaid term of months for a
+// resource of hourly price: hourly × hours per month × months, less the
+// term's discount, rounded up. ErrUnpriced when no such term is sold.
+func (p *PriceList) TermPrice(hourly int64, months, hoursPerMonth int) (int64, error) {
+	bp, ok := p.TermDiscounts[strconv.Itoa(months)]
+	if !ok {
+		return 0, fmt.Errorf("%w for a term of %d months: terms on sale are %s", ErrUnpriced, months, p.termList())
+	}
+	full := hourly * int64(hoursPerMonth) * int64(months)
+	if hourly != 0 && full/hourly != int64(hoursPerMonth)*int64(months) || full > math.MaxInt64/10000 {
+		return 0, fmt.Errorf("%w: price too large", ErrInvalid)
+	}
+	return ceilDiv(full*(10000-bp), 10000), nil
+}
+
+// termList names the terms on sale, e.g. "1, 3, 6, 12 months".
+func (p *PriceList) termList() string {
+	var ms []int
+	for k := range p.TermDiscounts {
+		if n, err := strconv.Atoi(k); err == nil {
+			ms = append(ms, n)
+		}
+	}
+	sort.Ints(ms)
+	parts := make([]string, len(ms))
+	for i, m := range ms {
+		parts[i] = strconv.Itoa(m)
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ") + " months"
 }
 
 // ceilDiv is a/b rounded up, for a ≥ 0 and b > 0.

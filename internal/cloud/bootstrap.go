@@ -70,6 +70,11 @@ func (c *Cloud) bootstrap(ctx context.Context) error {
 		if err := c.Networks.EnsureDefaults(ctx, p.ID); err != nil {
 			return fmt.Errorf("cloud: bootstrap network for %s: %w", name, err)
 		}
+		if name == DemoProject {
+			if err := c.Billing.Welcome(ctx, p.ID, c.Config.DemoCredit); err != nil {
+				return fmt.Errorf("cloud: bootstrap billing: %w", err)
+			}
+		}
 	}
 	if err := c.Compute.Bootstrap(ctx); err != nil {
 		return fmt.Errorf("cloud: bootstrap compute: %w", err)

@@ -62,7 +62,14 @@ type Config struct {
 	// PlainHTTP serves without TLS, for benchmarks that measure the API
 	// alone. Never the default.
 	PlainHTTP bool
-	Log       *slog.Logger
+	// Billing is the operator's billing settings (currency, minimum
+	// top-up, default credit limit, presentation currency); its clock and
+	// log are the cloud's.
+	Billing billing.Config
+	// DemoCredit is the demo project's welcome credit in minor units,
+	// given once (0: none).
+	DemoCredit int64
+	Log        *slog.Logger
 }
 
 // Cloud is a running controller.
@@ -109,9 +116,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cloud: data directory: %w", err)
 	}
-	if cfg.DatabaseURL == "" {
-		cfg.DatabaseURL = filepath.Join(cfg.DataDir, "nimbus.db")
-	}
+	cfg.DatabaseURL = DatabaseURL(cfg.DataDir, cfg.DatabaseURL)
 	c := &Cloud{Config: cfg}
 	ok := false
 	defer func() {
@@ -180,13 +185,16 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	})
 	c.Images = image.New(db, filepath.Join(cfg.DataDir, "images"))
 	c.Networks = network.New(db)
-	c.Billing = billing.New(db, billing.Config{Log: cfg.Log})
+	bcfg := cfg.Billing
+	bcfg.Log = cfg.Log
+	c.Billing = billing.New(db, bcfg)
 	if c.Driver, err = newDriver(cfg); err != nil {
 		closeAll(lns)
 		return nil, err
 	}
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks,
-		Identity: c.Identity, Log: cfg.Log})
+		Identity: c.Identity, Billing: c.Billing, Log: cfg.Log})
+	c.Billing.SetSuspender(c.Compute)
 
 	if err := c.bootstrap(ctx); err != nil {
 		closeAll(lns)

@@ -223,6 +223,9 @@ func (s *Service) actUnshelve(r *http.Request, arg json.RawMessage) (*api.Respon
 			return nil, api.BadRequest("Compute host %s could not be found.", *host)
 		}
 	}
+	if err := s.checkSpend(r.Context(), api.CallerFrom(r.Context()).ProjectID); err != nil {
+		return nil, err
+	}
 	return s.intentAction(r, simpleAction{"unshelve", taskUnshelving, "unshelve"}, func(tx *store.Tx, sv *server) error {
 		if (az != nil || unpin || host != nil) && sv.VMState != vmShelvedOffloaded {
 			return api.Conflict("The server status must be SHELVED_OFFLOADED to unshelve it to another availability zone or host.")

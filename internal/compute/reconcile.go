@@ -122,6 +122,9 @@ func (s *Service) Run(ctx context.Context) {
 			}
 		}()
 	}
+	if err := s.backfillMeter(ctx); err != nil && ctx.Err() == nil {
+		s.log.Error("metering: backfill failed", "error", err)
+	}
 	s.resume(ctx)
 	<-ctx.Done()
 	s.queue.close()

@@ -97,6 +97,9 @@ type server struct {
 	// read, so that saveServer can move the difference in
 	// compute_project_usage.
 	counted quotaUse
+	// metered is what the row was billed as when read, so that saveServer
+	// records a new usage period only when that changes.
+	metered meterKey
 }
 
 // quotaUse is what a server counts against its project's quota: its flavor
@@ -255,6 +258,7 @@ func scanServerWith(sc interface{ Scan(...any) error }, cache *docCache) (*serve
 	if sv.Doc.Metadata == nil {
 		sv.Doc.Metadata = map[string]string{}
 	}
+	sv.metered = meterKeyOf(&sv)
 	return &sv, nil
 }
 
@@ -298,6 +302,9 @@ func (s *Service) insertServer(ctx context.Context, q store.Querier, sv *server)
 		return err
 	}
 	sv.counted = quotaUseOf(sv)
+	if err := s.moveMeter(ctx, q, sv); err != nil {
+		return err
+	}
 	_, err := q.Exec(ctx, `INSERT INTO compute_servers (`+serverCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sv.ID, sv.ProjectID, sv.UserID, sv.Name, sv.VMState, sv.TaskState, sv.Power, sv.Host, sv.FlavorID, sv.ImageRef,
 		sv.ReservationID, sv.LaunchIndex, b2i(sv.Locked), sv.AZ, sv.KeyName, sv.Hostname, joinTags(sv.Tags),
@@ -316,6 +323,9 @@ func (s *Service) saveServer(ctx context.Context, q store.Querier, sv *server) e
 		return err
 	}
 	sv.counted = quotaUseOf(sv)
+	if err := s.moveMeter(ctx, q, sv); err != nil {
+		return err
+	}
 	sv.UpdatedAt = s.now()
 	_, err := q.Exec(ctx, `UPDATE compute_servers SET name=?, vm_state=?, task_state=?, power_state=?, host=?, flavor_id=?,
  image_ref=?, locked=?, availability_zone=?, key_name=?, hostname=?, tags=?, vcpus=?, memory_mb=?, disk_gb=?,

@@ -616,6 +616,9 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if req.AZ != "" {
 		pinned = &req.AZ
 	}
+	if err := s.checkSpend(ctx, c.ProjectID); err != nil {
+		return nil, err
+	}
 	var created []*server
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
 		created = created[:0]

@@ -25,6 +25,7 @@ type Service struct {
 	images   *image.Service
 	networks *network.Service
 	identity *identity.Service
+	gate     SpendGate
 	log      *slog.Logger
 	now      func() time.Time
 	queue    *workQueue // reconcile loop work (servers half)
@@ -39,7 +40,9 @@ type Deps struct {
 	Images   *image.Service
 	Networks *network.Service
 	Identity *identity.Service
-	Log      *slog.Logger
+	// Billing, when set, is asked before creates and unshelves.
+	Billing SpendGate
+	Log     *slog.Logger
 }
 
 // New makes the compute service.
@@ -49,7 +52,7 @@ func New(d Deps) *Service {
 		log = slog.Default()
 	}
 	return &Service{
-		db: d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, identity: d.Identity, log: log,
+		db: d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, identity: d.Identity, gate: d.Billing, log: log,
 		now:   func() time.Time { return time.Now().UTC() },
 		queue: newWorkQueue(),
 	}

@@ -1,13 +1,13 @@
 package compute
 
 import (
-	"math"
 	"net/http"
 	"sort"
 	"strconv"
 	"time"
 
 	"nimbus/internal/api"
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -107,6 +107,10 @@ func (s *Service) usage(r *http.Request, project string, start, end time.Time, p
 	out := map[string]*tenantUsage{}
 	var order []string
 	now := s.now()
+	charged, err := s.chargedHours(r, project, start, end, now)
+	if err != nil {
+		return nil, nil, err
+	}
 	n := 0
 	for rows.Next() {
 		sv, err := scanServer(rows)
@@ -117,14 +121,9 @@ func (s *Service) usage(r *http.Request, project string, start, end time.Time, p
 		if page != nil && n == page.limit {
 			page.last = sv.ID
 		}
-		from, to := *sv.LaunchedAt, end
-		if from.Before(start) {
-			from = start
-		}
-		if sv.TerminatedAt != nil && sv.TerminatedAt.Before(to) {
-			to = *sv.TerminatedAt
-		}
-		hours := math.Max(0, to.Sub(from).Hours())
+		// The hours billing charges: each started hour the server was on
+		// a host and not shelved (internal/metering).
+		hours := float64(charged[sv.ID])
 		f := sv.Doc.Flavor
 		local := f.Disk + f.Ephemeral
 		tu := out[sv.ProjectID]
@@ -153,6 +152,30 @@ func (s *Service) usage(r *http.Request, project string, start, end time.Time, p
 	}
 	sort.Strings(order)
 	return out, order, rows.Err()
+}
+
+// chargedHours counts, per server, the hours billing charges in [start,
+// end) up to now: the same usage periods and the same rule
+// (metering.Assign), so this report and the ledger agree hour for hour.
+func (s *Service) chargedHours(r *http.Request, project string, start, end, now time.Time) (map[string]int, error) {
+	last := end.Add(-time.Nanosecond)
+	if now.Before(last) {
+		last = now
+	}
+	from, to := start.Truncate(time.Hour), last.Truncate(time.Hour)
+	out := map[string]int{}
+	if to.Before(from) {
+		return out, nil
+	}
+	ps, err := metering.Overlapping(r.Context(), s.db, metering.KindServer, project, from, to)
+	if err != nil {
+		return nil, err
+	}
+	metering.Assign(ps, from, to, func(h metering.Hour) bool {
+		out[h.Period.ResourceID]++
+		return true
+	})
+	return out, nil
 }
 
 func usageView(tu *tenantUsage, start, end time.Time, detailed bool) map[string]any {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"nimbus/internal/api"
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -41,15 +42,21 @@ func insertFIP(ctx context.Context, q store.Querier, f *fipRow) error {
 		floating_ip_address, port_id, fixed_ip_address, server_id, tags, created_at, updated_at, revision_number)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, '[]', ?, ?, 0)`,
 		f.ID, f.ProjectID, f.Description, f.NetworkID, f.SubnetID, f.Address, f.PortID, f.FixedIP, f.ServerID, t, t)
-	return err
+	if err != nil {
+		return err
+	}
+	// A public address is billed from allocation to release.
+	return metering.Set(ctx, q, metering.KindPublicIP, f.ID, f.ProjectID, &metering.Spec{PublicIPv4: true}, time.Now())
 }
 
 func deleteFIP(ctx context.Context, q store.Querier, id string) error {
 	if err := releaseIPs(ctx, q, id); err != nil {
 		return err
 	}
-	_, err := q.Exec(ctx, "DELETE FROM floatingips WHERE id = ?", id)
-	return err
+	if _, err := q.Exec(ctx, "DELETE FROM floatingips WHERE id = ?", id); err != nil {
+		return err
+	}
+	return metering.Set(ctx, q, metering.KindPublicIP, id, "", nil, time.Now())
 }
 
 func (s *Service) fipViews(ctx context.Context, q store.Querier, fips []*fipRow) ([]map[string]any, error) {

@@ -19,6 +19,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
 
+	"nimbus/internal/billing"
 	"nimbus/internal/cloud"
 	"nimbus/internal/store/storetest"
 )
@@ -44,7 +45,12 @@ func StartCloud(t testing.TB, dbURL string, opts ...Options) *cloud.Cloud {
 		DataDir: t.TempDir(), DatabaseURL: dbURL, Listen: "127.0.0.1",
 		AdminPassword: "admin-secret", DemoPassword: "demo-secret",
 		FakeDelay: 20 * time.Millisecond,
-		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+		// Test projects start at a zero balance; a generous credit limit
+		// keeps a test that runs across the hour from having its servers
+		// shelved for running dry. Billing's own tests set limits per
+		// account.
+		Billing: billing.Config{DefaultCreditLimit: 1 << 40},
+		Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if os.Getenv("NIMBUS_TEST_LOG") != "" {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))

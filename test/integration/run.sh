@@ -184,7 +184,8 @@ start_nimbus() {
 		"$WORK/nimbus" serve --data-dir "$WORK/data" --listen 127.0.0.1 \
 			--identity-port "$ID_PORT" --compute-port "$CO_PORT" \
 			--image-port "$IM_PORT" --network-port "$NE_PORT" --billing-port "$BI_PORT" \
-			--fake-delay "${NIMBUS_IT_FAKE_DELAY:-200ms}" >>"$LOG" 2>&1 &
+			--fake-delay "${NIMBUS_IT_FAKE_DELAY:-200ms}" \
+			--billing-credit-limit 1000000000000 >>"$LOG" 2>&1 &
 		NIMBUS_PID=$!
 		local i
 		for i in $(seq 100); do

@@ -1,0 +1,131 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"nimbus/internal/store"
+)
+
+// The operator's methods that have no HTTP route of their own: nimbus admin
+// calls them directly on the controller's database.
+
+// Accounts lists every account by project id, with its balance, credit
+// limit and open trial credit (Presentation is left out: it is for
+// customers). Balances come from one GROUP BY over the ledger.
+func (s *Service) Accounts(ctx context.Context) ([]Account, error) {
+	// Every ledger writer creates the account first (ensureAccount), so
+	// billing_accounts names every project with ledger rows.
+	rows, err := s.db.Query(ctx, `SELECT a.project_id, a.credit_limit, COALESCE(SUM(l.amount), 0)
+ FROM billing_accounts a LEFT JOIN billing_ledger l ON l.project_id = a.project_id
+ GROUP BY a.project_id, a.credit_limit ORDER BY a.project_id`)
+	if err != nil {
+		return nil, err
+	}
+	out := []Account{}
+	for rows.Next() {
+		a := Account{Currency: s.cfg.Currency}
+		if err := rows.Scan(&a.ProjectID, &a.CreditLimit, &a.Balance); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// Few projects have an approved trial: read only theirs, after the
+	// rows above are closed (SQLite's pool may be one connection short).
+	trials, err := s.ListTrials(ctx, "", TrialApproved)
+	if err != nil {
+		return nil, err
+	}
+	with := map[string]bool{}
+	for _, t := range trials {
+		with[t.ProjectID] = true
+	}
+	now := s.cfg.Now()
+	for i := range out {
+		if !with[out[i].ProjectID] {
+			continue
+		}
+		tr, err := s.openTrial(ctx, s.db, out[i].ProjectID, now)
+		if err != nil {
+			return nil, err
+		}
+		if tr != nil {
+			out[i].TrialCredit, out[i].TrialEndsAt = tr.remaining, &tr.endsAt
+		}
+	}
+	return out, nil
+}
+
+// Adjust appends an operator's correction of amount minor units (signed,
+// not 0) to project's ledger, as POST /v1/accounts/{project}/adjustments
+// does.
+func (s *Service) Adjust(ctx context.Context, project string, amount int64, reference string) (*Entry, error) {
+	if amount == 0 {
+		return nil, errors.New("billing: an adjustment must not be 0")
+	}
+	if len(reference) > 255 {
+		return nil, errors.New("billing: the reference must be at most 255 characters")
+	}
+	return s.addEntry(ctx, project, KindAdjustment, amount, reference)
+}
+
+// Prices reads the price list (rates in rate units, see RateScale).
+func (s *Service) Prices(ctx context.Context) (*PriceList, error) {
+	return loadPrices(ctx, s.db)
+}
+
+// SetPrices changes the named rates, keyed as billing_prices keys them:
+// vcpu, ram_gb, public_ipv4, windows_vcpu, windows_server, volume_gb,
+// backup_gb, disk_gb:<type>, gpu:<model> (rate units per hour) and
+// term:<months> (discount in basis points). Unknown keys and rates out of
+// range change nothing. It answers the list as saved.
+func (s *Service) SetPrices(ctx context.Context, rates map[string]int64) (*PriceList, error) {
+	for k := range rates {
+		if !priceKey(k) {
+			return nil, fmt.Errorf("billing: unknown price key %q", k)
+		}
+	}
+	var out *PriceList
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		p, err := loadPrices(ctx, tx)
+		if err != nil {
+			return err
+		}
+		for k, v := range rates {
+			p.set(k, v)
+		}
+		if err := p.validate(); err != nil {
+			return fmt.Errorf("billing: %w", err)
+		}
+		out = p
+		return savePrices(ctx, tx, p)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// priceKey reports whether k names a rate PriceList.set knows; set itself
+// ignores other keys, which would make a typo a silent no-op.
+func priceKey(k string) bool {
+	switch k {
+	case "vcpu", "ram_gb", "public_ipv4", "windows_vcpu", "windows_server", "volume_gb", "backup_gb":
+		return true
+	}
+	for _, prefix := range []string{"disk_gb:", "gpu:", "term:"} {
+		if name, ok := strings.CutPrefix(k, prefix); ok {
+			return name != ""
+		}
+	}
+	return false
+}

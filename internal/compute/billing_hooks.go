@@ -1,0 +1,91 @@
+package compute
+
+import (
+	"context"
+
+	"nimbus/internal/api"
+	"nimbus/internal/store"
+)
+
+// SpendGate is what compute asks before it lets a project take new
+// resources: billing answers an error (an *api.Error 403 with the reason)
+// while the project's account is below its credit limit.
+type SpendGate interface {
+	CanSpend(ctx context.Context, project string) error
+}
+
+// checkSpend asks the gate, when there is one, whether project may create
+// or unshelve servers.
+func (s *Service) checkSpend(ctx context.Context, project string) error {
+	if s.gate == nil {
+		return nil
+	}
+	return s.gate.CanSpend(ctx, project)
+}
+
+// shelvable are the states billing may shelve a server from: those Nova's
+// shelve accepts (nova/compute/api.py shelve).
+var shelvable = map[string]bool{vmActive: true, vmStopped: true, vmPaused: true, vmSuspended: true}
+
+// ShelveServers shelves, as billing's suspension does, the servers of
+// project that can be shelved (servers nil) or those of servers that can:
+// their data stays (the disk goes to a snapshot image, as a customer's
+// shelve), their host and billing stop. Servers busy with a task are left;
+// the next charging pass tries them again. It answers how many it shelved.
+func (s *Service) ShelveServers(ctx context.Context, project string, servers []string) (int, error) {
+	ids := servers
+	if ids == nil {
+		rows, err := s.db.Query(ctx, "SELECT id FROM compute_servers WHERE project_id = ? AND deleted = 0", project)
+		if err != nil {
+			return 0, err
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return 0, err
+		}
+	}
+	// The instance action names billing as the user, in the project.
+	ctx = api.WithCaller(ctx, &api.Caller{UserID: "nimbus-billing", ProjectID: project})
+	n := 0
+	for _, id := range ids {
+		err := s.db.Tx(ctx, func(tx *store.Tx) error {
+			sv, err := s.loadServer(ctx, tx, id, true)
+			if err == store.ErrNotFound {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if sv.Deleted || sv.ProjectID != project || sv.TaskState != "" || !shelvable[sv.VMState] {
+				return nil
+			}
+			sv.TaskState = taskShelving
+			sv.Doc.RequestID = ""
+			sv.Doc.Retries = 0
+			if err := s.recordAction(ctx, tx, sv.ID, "shelve"); err != nil {
+				return err
+			}
+			if err := s.saveServer(ctx, tx, sv); err != nil {
+				return err
+			}
+			s.enqueueAfter(tx, sv.ID)
+			n++
+			return nil
+		})
+		if err != nil {
+			return n, err
+		}
+	}
+	if n > 0 {
+		s.log.Info("billing: servers shelved", "project", project, "servers", n)
+	}
+	return n, nil
+}

@@ -1,0 +1,236 @@
+// Package metering records what each billable resource was made of, and
+// when: one usage period per stretch of time a resource stayed the same
+// and billable. The services that own resources (compute for servers,
+// network for public addresses) write periods in the same transaction as
+// the resource's own row; billing charges from them, and compute's usage
+// report counts the same hours from them, so the two always agree.
+//
+// A resource has at most one open period (ended_at ”). Set closes it and
+// opens a new one when the resource's Spec changes (a resize), closes it
+// when the resource stops being billable (shelve, delete), and opens one
+// when it becomes billable again (unshelve).
+package metering
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"nimbus/internal/store"
+)
+
+// Kinds of metered resources.
+const (
+	KindServer   = "server"
+	KindPublicIP = "public_ipv4"
+	KindVolume   = "volume"
+	KindBackup   = "backup"
+)
+
+// Spec is what a resource is made of, as far as its price goes.
+type Spec struct {
+	Flavor     string `json:"flavor,omitempty"` // for people reading the ledger
+	VCPUs      int64  `json:"vcpus,omitempty"`
+	RAMMB      int64  `json:"ram_mb,omitempty"`
+	DiskGB     int64  `json:"disk_gb,omitempty"`
+	DiskType   string `json:"disk_type,omitempty"`
+	GPUModel   string `json:"gpu_model,omitempty"`
+	GPUCount   int64  `json:"gpu_count,omitempty"`
+	PublicIPv4 bool   `json:"public_ipv4,omitempty"`
+	OSType     string `json:"os_type,omitempty"`
+	SizeGB     int64  `json:"size_gb,omitempty"` // volumes and backups
+}
+
+// ServerSpec is what a server of a flavor amounts to: its vCPUs, RAM and
+// disk, and from the flavor's extra specs the disk type (nimbus:disk_type,
+// default local), a public IPv4 (nimbus:public_ipv4), the GPU model
+// (nimbus:gpu_model) and count (pci_passthrough:alias "alias:count[,…]",
+// default 1); osType "windows" adds the licence.
+func ServerSpec(flavor string, vcpus, ramMB, diskGB int64, extraSpecs map[string]string, osType string) Spec {
+	s := Spec{Flavor: flavor, VCPUs: vcpus, RAMMB: ramMB, DiskGB: diskGB, DiskType: extraSpecs["nimbus:disk_type"]}
+	if s.DiskType == "" {
+		s.DiskType = "local"
+	}
+	s.PublicIPv4 = extraSpecs["nimbus:public_ipv4"] == "true"
+	if m := extraSpecs["nimbus:gpu_model"]; m != "" {
+		s.GPUModel, s.GPUCount = m, 1
+		var total int64
+		for _, part := range strings.Split(extraSpecs["pci_passthrough:alias"], ",") {
+			if _, cnt, ok := strings.Cut(part, ":"); ok {
+				if n, err := strconv.ParseInt(strings.TrimSpace(cnt), 10, 64); err == nil && n > 0 {
+					total += n
+				}
+			}
+		}
+		if total > 0 {
+			s.GPUCount = total
+		}
+	}
+	if strings.EqualFold(osType, "windows") {
+		s.OSType = "windows"
+	}
+	return s
+}
+
+// Period is one stretch of a resource's billable life.
+type Period struct {
+	ID, ResourceID, Kind, ProjectID string
+	Spec                            Spec
+	Start                           time.Time
+	End                             time.Time // zero while open
+	Changed                         time.Time // the later of Start and End
+}
+
+// Open reports whether the period has not ended.
+func (p *Period) Open() bool { return p.End.IsZero() }
+
+// Set records, as of at, that resource is described by spec, or is not
+// billable when spec is nil. It changes nothing when the open period
+// already has spec. Call it inside the transaction that changes the
+// resource.
+func Set(ctx context.Context, q store.Querier, kind, resource, project string, spec *Spec, at time.Time) error {
+	var id, raw string
+	err := q.QueryRow(ctx, "SELECT id, spec FROM metering_periods WHERE resource_id = ? AND ended_at = ''", resource).Scan(&id, &raw)
+	switch {
+	case store.IsNoRows(err):
+		id = ""
+	case err != nil:
+		return err
+	}
+	if id != "" && spec != nil && raw == store.JSON(spec) {
+		return nil
+	}
+	now := store.FormatTime(at)
+	if id != "" {
+		if _, err := q.Exec(ctx, "UPDATE metering_periods SET ended_at = ?, changed_at = ? WHERE id = ?", now, now, id); err != nil {
+			return err
+		}
+	}
+	if spec == nil {
+		return nil
+	}
+	_, err = q.Exec(ctx, `INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at)
+ VALUES (?, ?, ?, ?, ?, ?, '', ?)`, uuid.Must(uuid.NewV7()).String(), resource, kind, project, store.JSON(spec), now, now)
+	return err
+}
+
+// Scan reads a period from a row of Columns.
+func Scan(sc interface{ Scan(...any) error }, p *Period) error {
+	var spec, start, end, changed string
+	if err := sc.Scan(&p.ID, &p.ResourceID, &p.Kind, &p.ProjectID, &spec, &start, &end, &changed); err != nil {
+		return err
+	}
+	p.Spec = Spec{}
+	if err := store.FromJSON(spec, &p.Spec); err != nil {
+		return err
+	}
+	p.Start, p.End, p.Changed = store.ParseTime(start), store.ParseTime(end), store.ParseTime(changed)
+	return nil
+}
+
+// Columns are the columns Scan reads, in order.
+const Columns = "id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at"
+
+// Hours is the range of started hours a period covers, as hour starts:
+// from the hour it started in to the hour its last instant is in (a period
+// ending on the hour does not reach into the next one). An open period
+// runs to until. A period that started and ended at the same instant still
+// pays its hour: the resource existed.
+func (p *Period) Hours(until time.Time) (first, last time.Time) {
+	first = p.Start.Truncate(time.Hour)
+	switch {
+	case p.Open():
+		last = until.Truncate(time.Hour)
+	case p.End.After(p.Start):
+		last = p.End.Add(-time.Nanosecond).Truncate(time.Hour)
+	default:
+		last = first
+	}
+	return first, last
+}
+
+// Hour is one resource's hour and the period that pays for it.
+type Hour struct {
+	Start  time.Time
+	Period *Period
+}
+
+// Assign lists, for each resource, the hours in [from, to] (hour starts)
+// that its periods cover, each hour paid by the earliest period that
+// covers it: a resize or unshelve within an hour changes the price from
+// the next hour. ps must be sorted by resource and start (SortPeriods);
+// open periods run to `to`. f is called once per resource and hour, in
+// order; stop early by returning false.
+func Assign(ps []Period, from, to time.Time, f func(h Hour) bool) {
+	last := map[string]time.Time{} // the latest hour assigned per resource
+	for i := range ps {
+		p := &ps[i]
+		first, end := p.Hours(to)
+		if first.Before(from) {
+			first = from
+		}
+		if end.After(to) {
+			end = to
+		}
+		if l, ok := last[p.ResourceID]; ok && !first.After(l) {
+			first = l.Add(time.Hour)
+		}
+		for h := first; !h.After(end); h = h.Add(time.Hour) {
+			if !f(Hour{Start: h, Period: p}) {
+				return
+			}
+			last[p.ResourceID] = h
+		}
+	}
+}
+
+// SortPeriods orders periods by resource, then start.
+func SortPeriods(ps []Period) {
+	sort.Slice(ps, func(i, j int) bool {
+		if ps[i].ResourceID != ps[j].ResourceID {
+			return ps[i].ResourceID < ps[j].ResourceID
+		}
+		if !ps[i].Start.Equal(ps[j].Start) {
+			return ps[i].Start.Before(ps[j].Start)
+		}
+		return ps[i].ID < ps[j].ID
+	})
+}
+
+// Overlapping reads every period of kind ("" for all) that covers an hour
+// in [from, to] (hour starts), of project when project is not "", sorted
+// for Assign.
+func Overlapping(ctx context.Context, q store.Querier, kind, project string, from, to time.Time) ([]Period, error) {
+	query := "SELECT " + Columns + " FROM metering_periods WHERE started_at < ? AND (ended_at = '' OR ended_at > ? OR ended_at = started_at AND started_at >= ?)"
+	args := []any{store.FormatTime(to.Add(time.Hour)), store.FormatTime(from), store.FormatTime(from)}
+	if kind != "" {
+		query += " AND kind = ?"
+		args = append(args, kind)
+	}
+	if project != "" {
+		query += " AND project_id = ?"
+		args = append(args, project)
+	}
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Period
+	for rows.Next() {
+		var p Period
+		if err := Scan(rows, &p); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	SortPeriods(out)
+	return out, nil
+}
