@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"time"
 
@@ -95,7 +96,7 @@ func (s *Service) charge(ctx context.Context, now time.Time, res *Result) (map[s
 		return nil, err
 	}
 	p := &pass{s: s, prices: prices, from: res.From, to: res.To, createdAt: store.FormatTime(now),
-		quotes: map[string]int64{}, accounts: map[string]bool{}, terms: terms, spend: map[string]int64{}}
+		quotes: map[string]int64{}, specs: map[string]metering.Spec{}, accounts: map[string]bool{}, terms: terms, spend: map[string]int64{}}
 	// A period unchanged since Grace before the last complete pass was seen
 	// by that pass as it is now, so its hours up to that pass's hour are
 	// charged already: skip them instead of re-inserting.
@@ -106,16 +107,42 @@ func (s *Service) charge(ctx context.Context, now time.Time, res *Result) (map[s
 		p.seenBefore = last.Add(-s.cfg.Grace)
 		p.seenThrough = last.Truncate(time.Hour)
 	}
-	after := ""
-	for {
-		n, last, err := p.batch(ctx, after)
-		if err != nil {
+	// Reading and pricing the next batch overlaps writing this one: one
+	// goroutine reads, this one writes.
+	batches := make(chan *work, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var readErr error
+	go func() {
+		defer close(batches)
+		after := ""
+		for {
+			w, err := p.read(rctx, after)
+			if err != nil {
+				readErr = err
+				return
+			}
+			if w == nil {
+				return
+			}
+			select {
+			case batches <- w:
+			case <-rctx.Done():
+				return
+			}
+			after = w.last
+		}
+	}()
+	for w := range batches {
+		if err := p.write(ctx, w); err != nil {
+			cancel()
+			for range batches {
+			}
 			return nil, err
 		}
-		if n == 0 {
-			break
-		}
-		after = last
+	}
+	if readErr != nil {
+		return nil, readErr
 	}
 	res.Charges, res.Amount = p.charges, p.amount
 	// Hours that ended Grace ago are complete: no period can still appear
@@ -194,6 +221,7 @@ type pass struct {
 	// quotes caches the hourly price by spec: servers of one flavor share
 	// it, so 100,000 servers need a handful of quotes.
 	quotes map[string]int64
+	specs  map[string]metering.Spec // decoded specs by their text
 	// accounts known to exist, so each is ensured once per pass.
 	accounts map[string]bool
 	terms    map[string][]span // prepaid terms by resource
@@ -209,37 +237,42 @@ type charge struct {
 	ref               string
 }
 
-// batch charges the periods with ids after `after`, up to BatchSize, in
-// one transaction. It answers how many periods it read and the last id.
-func (p *pass) batch(ctx context.Context, after string) (int, string, error) {
+// work is one batch of periods, priced: the charges to write.
+type work struct {
+	last     string // id of the last period read
+	charges  []charge
+	projects map[string]bool
+}
+
+// read prices the next BatchSize periods with ids after `after` (nil when
+// there are none left). Only the reading goroutine calls it.
+func (p *pass) read(ctx context.Context, after string) (*work, error) {
 	rows, err := p.s.db.Query(ctx, `SELECT `+metering.Columns+` FROM metering_periods
  WHERE id > ? AND started_at < ? AND (ended_at = '' OR ended_at > ? OR (ended_at = started_at AND started_at >= ?))
  ORDER BY id LIMIT ?`, after, store.FormatTime(p.to.Add(time.Hour)), store.FormatTime(p.from), store.FormatTime(p.from), p.s.cfg.BatchSize)
 	if err != nil {
-		return 0, "", err
+		return nil, err
 	}
 	var periods []metering.Period
 	for rows.Next() {
 		var pd metering.Period
-		if err := metering.Scan(rows, &pd); err != nil {
+		if err := metering.ScanCached(rows, &pd, p.specs); err != nil {
 			rows.Close()
-			return 0, "", err
+			return nil, err
 		}
 		periods = append(periods, pd)
 	}
 	if err := rows.Close(); err != nil {
-		return 0, "", err
+		return nil, err
 	}
 	if err := rows.Err(); err != nil {
-		return 0, "", err
+		return nil, err
 	}
 	if len(periods) == 0 {
-		return 0, "", nil
+		return nil, nil
 	}
-	last := periods[len(periods)-1].ID
+	w := &work{last: periods[len(periods)-1].ID, projects: map[string]bool{}}
 	metering.SortPeriods(periods)
-	var charges []charge
-	projects := map[string]bool{}
 	metering.Assign(periods, p.from, p.to, func(h metering.Hour) bool {
 		pd := h.Period
 		price, err := p.hourly(pd)
@@ -253,19 +286,24 @@ func (p *pass) batch(ctx context.Context, after string) (int, string, error) {
 		if covered || (!p.seenBefore.IsZero() && pd.Changed.Before(p.seenBefore) && !h.Start.After(p.seenThrough)) {
 			return true
 		}
-		charges = append(charges, charge{project: pd.ProjectID, resource: pd.ResourceID, hour: h.Start, amount: price,
+		w.charges = append(w.charges, charge{project: pd.ProjectID, resource: pd.ResourceID, hour: h.Start, amount: price,
 			ref: "hour:" + refName(pd)})
-		projects[pd.ProjectID] = true
+		w.projects[pd.ProjectID] = true
 		return true
 	})
-	if len(charges) == 0 {
-		return len(periods), last, nil
+	return w, nil
+}
+
+// write records a batch's charges in one transaction.
+func (p *pass) write(ctx context.Context, w *work) error {
+	if len(w.charges) == 0 {
+		return nil
 	}
 	var inserted int
 	var amount int64
-	err = p.s.db.Tx(ctx, func(tx *store.Tx) error {
+	err := p.s.db.Tx(ctx, func(tx *store.Tx) error {
 		inserted, amount = 0, 0
-		for project := range projects {
+		for project := range w.projects {
 			if p.accounts[project] {
 				continue
 			}
@@ -273,8 +311,12 @@ func (p *pass) batch(ctx context.Context, after string) (int, string, error) {
 				return err
 			}
 		}
-		for i := 0; i < len(charges); i += chargeRowsPerInsert {
-			part := charges[i:min(i+chargeRowsPerInsert, len(charges))]
+		per := chargeRowsPerInsert
+		if tx.Dialect() == store.Postgres {
+			per = len(w.charges) // arrays: no placeholder limit
+		}
+		for i := 0; i < len(w.charges); i += per {
+			part := w.charges[i:min(i+per, len(w.charges))]
 			k, a, err := p.insert(ctx, tx, part)
 			if err != nil {
 				return err
@@ -288,14 +330,14 @@ func (p *pass) batch(ctx context.Context, after string) (int, string, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, "", err
+		return err
 	}
 	p.charges += inserted
 	p.amount += amount
-	for project := range projects {
+	for project := range w.projects {
 		p.accounts[project] = true // committed: no need to ensure it again this pass
 	}
-	return len(periods), last, nil
+	return nil
 }
 
 // refName names what was charged in the ledger's reference.
@@ -311,20 +353,42 @@ func refName(pd *metering.Period) string {
 // when some existed already the sum is not known here and 0 is answered
 // (Result.Amount is a report, the ledger is the record).
 func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, int64, error) {
-	var b strings.Builder
-	b.WriteString("INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference) VALUES ")
-	args := make([]any, 0, len(part)*8)
 	var sum int64
-	for i, c := range part {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
-		args = append(args, newID(), c.project, KindCharge, -c.amount, c.resource, store.FormatTime(c.hour), p.createdAt, c.ref)
+	for _, c := range part {
 		sum += c.amount
 	}
-	b.WriteString(" ON CONFLICT DO NOTHING")
-	res, err := tx.Exec(ctx, b.String(), args...)
+	var res sql.Result
+	var err error
+	if tx.Dialect() == store.Postgres {
+		// One array per column: eight parameters however many rows, which
+		// spares pgx encoding thousands of placeholders.
+		cols := make([][]string, 7)
+		amounts := make([]int64, len(part))
+		for i := range cols {
+			cols[i] = make([]string, len(part))
+		}
+		for i, c := range part {
+			cols[0][i], cols[1][i], cols[2][i] = newID(), c.project, KindCharge
+			cols[3][i], cols[4][i], cols[5][i], cols[6][i] = c.resource, store.FormatTime(c.hour), p.createdAt, c.ref
+			amounts[i] = -c.amount
+		}
+		res, err = tx.Exec(ctx, `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
+ SELECT * FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[])
+ ON CONFLICT DO NOTHING`, cols[0], cols[1], cols[2], amounts, cols[3], cols[4], cols[5], cols[6])
+	} else {
+		var b strings.Builder
+		b.WriteString("INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference) VALUES ")
+		args := make([]any, 0, len(part)*8)
+		for i, c := range part {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
+			args = append(args, newID(), c.project, KindCharge, -c.amount, c.resource, store.FormatTime(c.hour), p.createdAt, c.ref)
+		}
+		b.WriteString(" ON CONFLICT DO NOTHING")
+		res, err = tx.Exec(ctx, b.String(), args...)
+	}
 	if err != nil {
 		return 0, 0, err
 	}
@@ -340,7 +404,7 @@ func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, in
 
 // hourly is a period's price for one hour: the Quote of its spec.
 func (p *pass) hourly(pd *metering.Period) (int64, error) {
-	key := pd.Kind + store.JSON(pd.Spec)
+	key := pd.Kind + pd.SpecText
 	if v, ok := p.quotes[key]; ok {
 		return v, nil
 	}

@@ -91,19 +91,38 @@ type Notice struct {
 // charging stops; one whose balance lasts less than 72, 24 or 1 hours is
 // warned, once per level until its next payment.
 func (s *Service) checkAccounts(ctx context.Context, now time.Time, spend map[string]int64) error {
+	if len(spend) == 0 {
+		return nil
+	}
+	books, err := s.allFunds(ctx)
+	if err != nil {
+		return err
+	}
+	told, err := s.toldAlready(ctx)
+	if err != nil {
+		return err
+	}
 	for project, rate := range spend {
 		if rate <= 0 {
 			continue
 		}
-		f, err := s.funds(ctx, s.db, project)
-		if err != nil {
-			return err
+		f := books[project]
+		if f == nil {
+			f = &book{funds: funds{CreditLimit: s.cfg.DefaultCreditLimit}}
 		}
-		left := f.Balance + f.CreditLimit
+		// The epoch is the sum of every credit ever made: it grows with
+		// each payment, so a payment re-arms every warning.
+		epoch := itoa(f.credits)
+		notify := func(level, msg string) error {
+			if told[project+"/"+level+"/"+epoch] {
+				return nil
+			}
+			return s.notify(ctx, project, level, epoch, msg, now)
+		}
 		if f.Balance < -f.CreditLimit {
 			msg := fmt.Sprintf("The balance (%s %s) is below the credit limit (%s %s): the servers are shelved and kept; top up to unshelve them.",
 				major(f.Balance), s.cfg.Currency, major(f.CreditLimit), s.cfg.Currency)
-			if err := s.notify(ctx, project, NoticeSuspends, msg, now); err != nil {
+			if err := notify(NoticeSuspends, msg); err != nil {
 				return err
 			}
 			if s.suspender != nil {
@@ -114,10 +133,10 @@ func (s *Service) checkAccounts(ctx context.Context, now time.Time, spend map[st
 			continue
 		}
 		for _, w := range warnLevels {
-			if left < rate*w.hours {
+			if f.Balance+f.CreditLimit < rate*w.hours {
 				msg := fmt.Sprintf("At the current spend of %s %s per hour the balance of %s %s lasts less than %d hours.",
 					major(rate), s.cfg.Currency, major(f.Balance), s.cfg.Currency, w.hours)
-				if err := s.notify(ctx, project, w.level, msg, now); err != nil {
+				if err := notify(w.level, msg); err != nil {
 					return err
 				}
 			}
@@ -126,26 +145,76 @@ func (s *Service) checkAccounts(ctx context.Context, now time.Time, spend map[st
 	return nil
 }
 
-// notify records a notice once per account, level and payment: the epoch is
-// the latest credit to the ledger, so a top-up re-arms every warning.
-func (s *Service) notify(ctx context.Context, project, level, msg string, now time.Time) error {
-	// One index seek per kind of credit (billing_ledger_kind), not a walk
-	// over the account's charges.
-	var epoch string
-	for _, kind := range []string{KindTopup, KindAdjustment, KindTrial, KindRefund} {
-		var at, id string
-		err := s.db.QueryRow(ctx, `SELECT created_at, id FROM billing_ledger WHERE project_id = ? AND kind = ? AND amount > 0
- ORDER BY created_at DESC, id DESC LIMIT 1`, project, kind).Scan(&at, &id)
-		if store.IsNoRows(err) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if e := at + id; e > epoch {
-			epoch = e
-		}
+// book is an account's funds and the sum of its credits.
+type book struct {
+	funds
+	credits int64
+}
+
+// allFunds reads every account's balance, credits and limit: one scan of
+// the ledger's balance index and one of the accounts.
+func (s *Service) allFunds(ctx context.Context) (map[string]*book, error) {
+	out := map[string]*book{}
+	rows, err := s.db.Query(ctx, "SELECT project_id, credit_limit FROM billing_accounts")
+	if err != nil {
+		return nil, err
 	}
+	for rows.Next() {
+		b := &book{}
+		var p string
+		if err := rows.Scan(&p, &b.CreditLimit); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[p] = b
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = s.db.Query(ctx, `SELECT project_id, SUM(amount), SUM(CASE WHEN amount > 0 THEN amount ELSE 0 END)
+ FROM billing_ledger GROUP BY project_id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p string
+		var bal, cred int64
+		if err := rows.Scan(&p, &bal, &cred); err != nil {
+			return nil, err
+		}
+		b := out[p]
+		if b == nil {
+			b = &book{funds: funds{CreditLimit: s.cfg.DefaultCreditLimit}}
+			out[p] = b
+		}
+		b.Balance, b.credits = bal, cred
+	}
+	return out, rows.Err()
+}
+
+// toldAlready is the set of notices given, as "project/level/epoch".
+func (s *Service) toldAlready(ctx context.Context) (map[string]bool, error) {
+	rows, err := s.db.Query(ctx, "SELECT project_id, level, epoch FROM billing_notices")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var p, l, e string
+		if err := rows.Scan(&p, &l, &e); err != nil {
+			return nil, err
+		}
+		out[p+"/"+l+"/"+e] = true
+	}
+	return out, rows.Err()
+}
+
+// notify records a notice once per account, level and epoch (unique, so
+// two controllers tell the customer once).
+func (s *Service) notify(ctx context.Context, project, level, epoch, msg string, now time.Time) error {
 	res, err := s.db.Exec(ctx, `INSERT INTO billing_notices (id, project_id, level, epoch, message, created_at)
  VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`, newID(), project, level, epoch, msg, store.FormatTime(now))
 	if err != nil {

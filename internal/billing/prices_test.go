@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"nimbus/internal/metering"
 	"nimbus/internal/store/storetest"
 )
 
@@ -94,4 +95,52 @@ func TestSeededPrices(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestHourlyOf prices each kind of metered resource from its spec, and a
+// server whose GPU model is no longer sold at what is still priced.
+func TestHourlyOf(t *testing.T) {
+	p := testPrices()
+	tests := []struct {
+		kind    string
+		spec    metering.Spec
+		want    int64
+		wantErr bool
+	}{
+		{metering.KindPublicIP, metering.Spec{PublicIPv4: true}, 25, false},
+		{metering.KindBackup, metering.Spec{SizeGB: 30}, 9, false}, // 30 × 0.3 = 9
+		{metering.KindVolume, metering.Spec{SizeGB: 100}, 80, false},
+		{metering.KindServer, metering.ServerSpec("f", 2, 4096, 40, map[string]string{"nimbus:disk_type": "network"}, ""), 100 + 80 + 32, false},
+		{metering.KindServer, metering.ServerSpec("f", 2, 4096, 40, map[string]string{"nimbus:gpu_model": "Z9"}, ""), 100 + 80 + 20, true},
+	}
+	for _, tc := range tests {
+		got, err := p.HourlyOf(tc.kind, tc.spec, "RUB", 720)
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("%s %+v: %d, %v; want %d (error %v)", tc.kind, tc.spec, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
+
+// TestTermPrice: months × 720 hours less the term's discount, rounded up.
+func TestTermPrice(t *testing.T) {
+	p := testPrices()
+	p.TermDiscounts = map[string]int64{"1": 0, "3": 500, "12": 1500}
+	tests := []struct {
+		hourly  int64
+		months  int
+		want    int64
+		wantErr error
+	}{
+		{100, 1, 72000, nil},
+		{100, 3, 205200, nil}, // 216000 × 0.95
+		{7, 12, 51408, nil},   // 60480 × 0.85 = 51408
+		{3, 3, ceilDiv(6480*9500, 10000), nil},
+		{100, 2, 0, ErrUnpriced},
+	}
+	for _, tc := range tests {
+		got, err := p.TermPrice(tc.hourly, tc.months, 720)
+		if got != tc.want || !errors.Is(err, tc.wantErr) {
+			t.Errorf("TermPrice(%d, %d) = %d, %v; want %d, %v", tc.hourly, tc.months, got, err, tc.want, tc.wantErr)
+		}
+	}
 }

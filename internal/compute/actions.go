@@ -64,6 +64,8 @@ func (s *Service) handleAction(r *http.Request) (*api.Response, error) {
 		return s.actRebuild(r, arg)
 	case "createImage":
 		return s.actCreateImage(r, arg)
+	case "createBackup":
+		return s.actCreateBackup(r, arg)
 	case "lock":
 		return s.actLock(r, arg, true)
 	case "unlock":
@@ -614,6 +616,76 @@ func (s *Service) actCreateImage(r *http.Request, arg json.RawMessage) (*api.Res
 		}
 		imageID = img.ID
 		sv.Doc.SnapshotID = img.ID
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if v.AtLeast(45) {
+		return api.JSON(http.StatusAccepted, map[string]any{"image_id": imageID}), nil
+	}
+	return api.Empty(http.StatusAccepted).WithHeader("Location", imageURL(r, imageID)), nil
+}
+
+// actCreateBackup is Nova's createBackup: a snapshot image of type backup;
+// once it is stored, the server keeps only the newest `rotation` backups of
+// that backup_type (nova compute manager _rotate_backups).
+func (s *Service) actCreateBackup(r *http.Request, arg json.RawMessage) (*api.Response, error) {
+	ctx := r.Context()
+	v := VersionFrom(ctx)
+	c := api.CallerFrom(ctx)
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
+		return nil, badField("createBackup", arg, fmt.Sprintf("%s is not of type 'object'", arg))
+	}
+	if err := api.UnknownFields(obj, "name", "backup_type", "rotation", "metadata"); err != nil {
+		return nil, err
+	}
+	for _, k := range []string{"name", "backup_type", "rotation"} {
+		if _, ok := obj[k]; !ok {
+			return nil, badField("createBackup", arg, fmt.Sprintf("'%s' is a required property", k))
+		}
+	}
+	name, err := strField(obj, "name")
+	if err != nil {
+		return nil, err
+	}
+	if err := checkName("name", *name); err != nil {
+		return nil, err
+	}
+	backupType, err := strField(obj, "backup_type")
+	if err != nil {
+		return nil, err
+	}
+	var rotation int
+	if err := json.Unmarshal(obj["rotation"], &rotation); err != nil || rotation < 0 || strings.ContainsAny(string(obj["rotation"]), ".eE\"") {
+		return nil, api.BadRequest("Invalid input for field/attribute rotation. Value: %s. %s is not a non-negative integer", obj["rotation"], obj["rotation"])
+	}
+	meta, err := metadataField(obj, "metadata")
+	if err != nil {
+		return nil, err
+	}
+	pre, err := s.visibleServer(ctx, s.db, r.PathValue("id"), false)
+	if err != nil {
+		return nil, err
+	}
+	base := s.imageBase(ctx, pre.ImageRef)
+	var imageID string
+	_, err = s.intent(r, simpleAction{"createBackup", taskImageBackup, "createBackup"}, func(tx *store.Tx, sv *server) error {
+		props := map[string]string{"instance_uuid": sv.ID, "image_type": "backup", "backup_type": *backupType,
+			"user_id": c.UserID}
+		if sv.ImageRef != "" {
+			props["base_image_ref"] = sv.ImageRef
+		}
+		for k, v := range meta {
+			props[k] = v
+		}
+		img, err := s.images.CreateSnapshot(ctx, tx, sv.ProjectID, *name, props, base)
+		if err != nil {
+			return err
+		}
+		imageID = img.ID
+		sv.Doc.SnapshotID, sv.Doc.BackupRotation = img.ID, rotation
 		return nil
 	})
 	if err != nil {

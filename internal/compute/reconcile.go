@@ -399,7 +399,9 @@ func (s *Service) step(ctx context.Context, sv *server) bool {
 	case task == taskRebuildSpawning:
 		err = s.stepRebuildSpawn(ctx, sv, started)
 	case task == taskImageSnapshot:
-		err = s.stepSnapshot(ctx, sv, started)
+		err = s.stepSnapshot(ctx, sv, started, taskImageSnapshot)
+	case task == taskImageBackup:
+		err = s.stepSnapshot(ctx, sv, started, taskImageBackup)
 	default:
 		// A task this loop does not drive: clear it so the server is usable.
 		s.log.Warn("reconcile: unknown task state cleared", "server", sv.ID, "vm_state", sv.VMState, "task_state", task)

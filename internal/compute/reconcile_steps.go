@@ -313,22 +313,65 @@ func (s *Service) stepRebuildSpawn(ctx context.Context, sv *server, started time
 	})
 }
 
-func (s *Service) stepSnapshot(ctx context.Context, sv *server, started time.Time) error {
-	err := retry(ctx, func() error { return s.snapshot(ctx, sv, sv.Doc.SnapshotID) })
+func (s *Service) stepSnapshot(ctx context.Context, sv *server, started time.Time, task string) error {
+	event := "compute_snapshot_instance"
+	if task == taskImageBackup {
+		event = "compute_backup_instance"
+	}
+	imageID := sv.Doc.SnapshotID
+	err := retry(ctx, func() error { return s.snapshot(ctx, sv, imageID) })
 	if err != nil && ctx.Err() == nil {
 		// A failed snapshot leaves the server as it was (nova
 		// snapshot_instance reverts the task state); the image is removed.
-		_ = s.images.Delete(ctx, sv.Doc.SnapshotID)
-		return s.commit(ctx, sv.ID, taskImageSnapshot, func(tx *store.Tx, cur *server) error {
-			cur.TaskState, cur.Doc.SnapshotID = "", ""
-			return s.finish(ctx, tx, cur, "compute_snapshot_instance", started, err)
+		_ = s.images.Delete(ctx, imageID)
+		return s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
+			cur.TaskState, cur.Doc.SnapshotID, cur.Doc.BackupRotation = "", "", 0
+			return s.finish(ctx, tx, cur, event, started, err)
 		})
 	}
 	if err != nil {
 		return err
 	}
-	return s.commit(ctx, sv.ID, taskImageSnapshot, func(tx *store.Tx, cur *server) error {
-		cur.TaskState, cur.Doc.SnapshotID = "", ""
-		return s.finish(ctx, tx, cur, "compute_snapshot_instance", started, nil)
+	if task == taskImageBackup {
+		s.rotateBackups(ctx, sv, imageID)
+	}
+	return s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
+		cur.TaskState, cur.Doc.SnapshotID, cur.Doc.BackupRotation = "", "", 0
+		return s.finish(ctx, tx, cur, event, started, nil)
 	})
+}
+
+// rotateBackups keeps the newest backups of the new backup's type, as many
+// as its rotation says, the new one first; older ones are deleted.
+func (s *Service) rotateBackups(ctx context.Context, sv *server, newest string) {
+	img, err := s.images.Get(ctx, sv.ProjectID, true, newest)
+	if err != nil {
+		s.log.Warn("reconcile: backup to rotate not found", "image", newest, "error", err)
+		return
+	}
+	keep := sv.Doc.BackupRotation
+	all, err := s.images.Backups(ctx, sv.ProjectID, sv.ID, img.Properties["backup_type"])
+	if err != nil {
+		s.log.Warn("reconcile: listing backups failed", "server", sv.ID, "error", err)
+		return
+	}
+	kept := 0
+	if keep > 0 {
+		kept = 1 // the new one
+	}
+	for _, b := range all {
+		if b.ID == newest {
+			if keep == 0 {
+				_ = s.images.Delete(ctx, b.ID)
+			}
+			continue
+		}
+		if kept < keep {
+			kept++
+			continue
+		}
+		if err := s.images.Delete(ctx, b.ID); err != nil && err != store.ErrNotFound {
+			s.log.Warn("reconcile: rotating a backup out failed", "image", b.ID, "error", err)
+		}
+	}
 }

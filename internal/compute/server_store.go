@@ -66,6 +66,7 @@ type serverDoc struct {
 	OSType         string            `json:"os_type,omitempty"`
 	PendingImage   string            `json:"pending_image,omitempty"`
 	SnapshotID     string            `json:"snapshot_id,omitempty"`
+	BackupRotation int               `json:"backup_rotation,omitempty"`
 	RebootHard     bool              `json:"reboot_hard,omitempty"`
 	InstanceName   string            `json:"instance_name"`
 	RequestID      string            `json:"request_id,omitempty"`

@@ -47,6 +47,7 @@ const (
 	taskRebuilding         = "rebuilding"
 	taskRebuildSpawning    = "rebuild_spawning"
 	taskImageSnapshot      = "image_snapshot"
+	taskImageBackup        = "image_backup"
 	taskDeleting           = "deleting"
 )
 
@@ -159,6 +160,7 @@ var actionRules = map[string]actionRule{
 	"revertResize":       {vmStates: []string{vmResized}, mustLaunched: true, lockChecked: true},
 	"rebuild":            {vmStates: []string{vmActive, vmStopped, vmError}, mustLaunched: true, lockChecked: true},
 	"createImage":        {vmStates: []string{vmActive, vmStopped, vmPaused, vmSuspended}, mustLaunched: true, lockChecked: false},
+	"createBackup":       {vmStates: []string{vmActive, vmStopped, vmPaused, vmSuspended}, mustLaunched: true, lockChecked: false},
 	"update_metadata":    {vmStates: []string{vmActive, vmPaused, vmSuspended, vmStopped}, mustLaunched: true, lockChecked: true},
 	"delete_metadata":    {vmStates: []string{vmActive, vmPaused, vmSuspended, vmStopped}, mustLaunched: true, lockChecked: true},
 	"lock":               {anyTask: true},

@@ -168,7 +168,10 @@ func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader) (er
 		cur.Status = StatusActive
 		cur.UpdatedAt = time.Now().UTC().Truncate(time.Second)
 		*img = *cur
-		return updateImage(ctx, tx, cur)
+		if err := updateImage(ctx, tx, cur); err != nil {
+			return err
+		}
+		return meterBackup(ctx, tx, cur)
 	})
 	if err != nil {
 		// The record is gone or changed under us: drop the data we placed.

@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"nimbus/internal/api"
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -110,7 +111,10 @@ func (s *Service) Get(ctx context.Context, projectID string, admin bool, id stri
 // CreateSnapshot registers a queued image owned by projectID for a server
 // snapshot, copying disk/container format and OS properties from base.
 func (s *Service) CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *Image) (*Image, error) {
-	now := time.Now().UTC().Truncate(time.Second)
+	// Kept to the microsecond (shown to the second): a server's backups
+	// made within one second still sort oldest first, for rotation and
+	// for sort_key=created_at.
+	now := time.Now().UTC().Truncate(time.Microsecond)
 	img := &Image{
 		ID: uuid.NewString(), Name: name, Status: StatusQueued, Visibility: Private, Owner: projectID,
 		DiskFormat: "raw", ContainerFormat: "bare", Tags: []string{}, Properties: map[string]string{},
@@ -151,15 +155,51 @@ func (s *Service) FinishSnapshot(ctx context.Context, id string, data io.Reader)
 	return s.storeData(ctx, img, data)
 }
 
+// Backups lists, newest first, the backup images (Nova's createBackup) of
+// owner's server instance of the given backup type.
+func (s *Service) Backups(ctx context.Context, owner, instance, backupType string) ([]*Image, error) {
+	rows, err := s.db.Query(ctx, "SELECT "+imageCols+" FROM images WHERE owner = ? ORDER BY created_at DESC, id DESC", owner)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Image
+	for rows.Next() {
+		img, err := scanImage(rows)
+		if err != nil {
+			return nil, err
+		}
+		p := img.Properties
+		if p["image_type"] == "backup" && p["instance_uuid"] == instance && p["backup_type"] == backupType {
+			out = append(out, img)
+		}
+	}
+	return out, rows.Err()
+}
+
 // Delete removes an image and its data (used for shelved-server images). It
 // makes no policy checks; store.ErrNotFound when there is no such image.
 func (s *Service) Delete(ctx context.Context, id string) error {
 	return s.db.Tx(ctx, func(tx *store.Tx) error { return s.deleteRow(ctx, tx, id) })
 }
 
+// meterBackup starts billing a server backup (Nova's createBackup: image
+// property image_type=backup) once its data is stored, per started GB.
+func meterBackup(ctx context.Context, tx *store.Tx, img *Image) error {
+	if img.Properties["image_type"] != "backup" {
+		return nil
+	}
+	gb := (img.Size + 1<<30 - 1) >> 30
+	return metering.Set(ctx, tx, metering.KindBackup, img.ID, img.Owner, &metering.Spec{SizeGB: max(gb, 1)}, time.Now())
+}
+
 // deleteRow removes the record (members cascade) and, once committed, the
 // data file.
 func (s *Service) deleteRow(ctx context.Context, tx *store.Tx, id string) error {
+	// A backup stops being billed when it goes (no-op for other images).
+	if err := metering.Set(ctx, tx, metering.KindBackup, id, "", nil, time.Now()); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, "DELETE FROM image_members WHERE image_id = ?", id); err != nil {
 		return err
 	}

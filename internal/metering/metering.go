@@ -80,6 +80,7 @@ func ServerSpec(flavor string, vcpus, ramMB, diskGB int64, extraSpecs map[string
 type Period struct {
 	ID, ResourceID, Kind, ProjectID string
 	Spec                            Spec
+	SpecText                        string // Spec as stored
 	Start                           time.Time
 	End                             time.Time // zero while open
 	Changed                         time.Time // the later of Start and End
@@ -119,14 +120,26 @@ func Set(ctx context.Context, q store.Querier, kind, resource, project string, s
 }
 
 // Scan reads a period from a row of Columns.
-func Scan(sc interface{ Scan(...any) error }, p *Period) error {
-	var spec, start, end, changed string
-	if err := sc.Scan(&p.ID, &p.ResourceID, &p.Kind, &p.ProjectID, &spec, &start, &end, &changed); err != nil {
+func Scan(sc interface{ Scan(...any) error }, p *Period) error { return ScanCached(sc, p, nil) }
+
+// ScanCached is Scan that decodes each distinct spec text once, keeping
+// the results in cache (nil: none): a charging pass reads 100,000 periods
+// of a handful of flavors.
+func ScanCached(sc interface{ Scan(...any) error }, p *Period, cache map[string]Spec) error {
+	var start, end, changed string
+	if err := sc.Scan(&p.ID, &p.ResourceID, &p.Kind, &p.ProjectID, &p.SpecText, &start, &end, &changed); err != nil {
 		return err
 	}
-	p.Spec = Spec{}
-	if err := store.FromJSON(spec, &p.Spec); err != nil {
-		return err
+	if sp, ok := cache[p.SpecText]; ok {
+		p.Spec = sp
+	} else {
+		p.Spec = Spec{}
+		if err := store.FromJSON(p.SpecText, &p.Spec); err != nil {
+			return err
+		}
+		if cache != nil {
+			cache[p.SpecText] = p.Spec
+		}
 	}
 	p.Start, p.End, p.Changed = store.ParseTime(start), store.ParseTime(end), store.ParseTime(changed)
 	return nil

@@ -42,6 +42,30 @@ CREATE TABLE billing_notices (
     UNIQUE (project_id, level, epoch)
 )
 -- next
--- The latest credit of an account (notices' epoch) and a project's entries
--- of one kind, without reading its charges.
-CREATE INDEX billing_ledger_kind ON billing_ledger (project_id, kind, created_at)
+-- The ledger again, with its one-charge-per-resource-and-hour key led by
+-- the hour: each hourly pass then appends its charges at the end of the
+-- index instead of touching one page per resource (the 100,000-resource
+-- pass was bound by those writes). Rows are copied as they are.
+CREATE TABLE billing_ledger_next (
+    id           TEXT PRIMARY KEY,
+    project_id   TEXT NOT NULL,
+    kind         TEXT NOT NULL,
+    amount       BIGINT NOT NULL,
+    resource_id  TEXT,
+    period_start TEXT,
+    created_at   TEXT NOT NULL,
+    reference    TEXT NOT NULL DEFAULT '',
+    UNIQUE (kind, period_start, resource_id)
+)
+-- next
+INSERT INTO billing_ledger_next (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
+SELECT id, project_id, kind, amount, resource_id, period_start, created_at, reference FROM billing_ledger
+-- next
+DROP TABLE billing_ledger
+-- next
+ALTER TABLE billing_ledger_next RENAME TO billing_ledger
+-- next
+-- One index serves both the ledger newest first per project and balances:
+-- amount rides along so that a balance, one account's or every account's,
+-- is read from the index alone.
+CREATE INDEX billing_ledger_by_project ON billing_ledger (project_id, created_at, id, amount)
