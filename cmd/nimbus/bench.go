@@ -34,11 +34,12 @@ import (
 func bench(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
 	dbURL := fs.String("database-url", "", "database to run on (default: SQLite in a temporary directory)")
-	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss")
+	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge")
 	duration := fs.Duration("duration", 5*time.Second, "how long the token scenario runs")
 	workers := fs.Int("workers", 16, "concurrent clients")
 	creates := fs.Int("creates", 2000, "servers created in the create scenario")
 	listSize := fs.Int("servers", 10000, "servers in the store for the detail scenario")
+	resources := fs.Int("resources", 100000, "metered servers in the charge scenario")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.Parse(args)
 	if *cpuProfile != "" {
@@ -62,7 +63,7 @@ func bench(args []string) error {
 			return err
 		}
 	}
-	if !want["tokens"] && !want["create"] && !want["detail"] {
+	if !want["tokens"] && !want["create"] && !want["detail"] && !want["charge"] {
 		return nil
 	}
 
@@ -108,6 +109,11 @@ func bench(args []string) error {
 	}
 	if want["detail"] {
 		if err := b.detail(*listSize); err != nil {
+			return err
+		}
+	}
+	if want["charge"] {
+		if err := benchCharge(c, *resources); err != nil {
 			return err
 		}
 	}
