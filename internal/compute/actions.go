@@ -570,9 +570,6 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 }
 
 func (s *Service) actCreateImage(r *http.Request, arg json.RawMessage) (*api.Response, error) {
-	ctx := r.Context()
-	v := VersionFrom(ctx)
-	c := api.CallerFrom(ctx)
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
 		return nil, badField("createImage", arg, fmt.Sprintf("%s is not of type 'object'", arg))
@@ -594,6 +591,17 @@ func (s *Service) actCreateImage(r *http.Request, arg json.RawMessage) (*api.Res
 	if err != nil {
 		return nil, err
 	}
+	return s.imageAction(r, simpleAction{"createImage", taskImageSnapshot, "createImage"}, *name, meta,
+		map[string]string{"image_type": "snapshot"}, 0)
+}
+
+// imageAction starts createImage or createBackup: an image of the server,
+// queued in the transaction that sets the task, with Nova's properties
+// plus extra and the caller's metadata. The answer names the image: in a
+// Location header before 2.45, in the body from 2.45.
+func (s *Service) imageAction(r *http.Request, sa simpleAction, name string, meta, extra map[string]string, rotation int) (*api.Response, error) {
+	ctx := r.Context()
+	c := api.CallerFrom(ctx)
 	// The base image is read before the transaction (the image service
 	// uses its own connection).
 	pre, err := s.visibleServer(ctx, s.db, r.PathValue("id"), false)
@@ -602,26 +610,28 @@ func (s *Service) actCreateImage(r *http.Request, arg json.RawMessage) (*api.Res
 	}
 	base := s.imageBase(ctx, pre.ImageRef)
 	var imageID string
-	_, err = s.intent(r, simpleAction{"createImage", taskImageSnapshot, "createImage"}, func(tx *store.Tx, sv *server) error {
-		props := map[string]string{"instance_uuid": sv.ID, "image_type": "snapshot", "user_id": c.UserID}
+	_, err = s.intent(r, sa, func(tx *store.Tx, sv *server) error {
+		props := map[string]string{"instance_uuid": sv.ID, "user_id": c.UserID}
 		if sv.ImageRef != "" {
 			props["base_image_ref"] = sv.ImageRef
 		}
-		for k, v := range meta {
-			props[k] = v
+		for _, m := range []map[string]string{extra, meta} {
+			for k, v := range m {
+				props[k] = v
+			}
 		}
-		img, err := s.images.CreateSnapshot(ctx, tx, sv.ProjectID, *name, props, base)
+		img, err := s.images.CreateSnapshot(ctx, tx, sv.ProjectID, name, props, base)
 		if err != nil {
 			return err
 		}
 		imageID = img.ID
-		sv.Doc.SnapshotID = img.ID
+		sv.Doc.SnapshotID, sv.Doc.BackupRotation = img.ID, rotation
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if v.AtLeast(45) {
+	if VersionFrom(ctx).AtLeast(45) {
 		return api.JSON(http.StatusAccepted, map[string]any{"image_id": imageID}), nil
 	}
 	return api.Empty(http.StatusAccepted).WithHeader("Location", imageURL(r, imageID)), nil
@@ -631,9 +641,6 @@ func (s *Service) actCreateImage(r *http.Request, arg json.RawMessage) (*api.Res
 // once it is stored, the server keeps only the newest `rotation` backups of
 // that backup_type (nova compute manager _rotate_backups).
 func (s *Service) actCreateBackup(r *http.Request, arg json.RawMessage) (*api.Response, error) {
-	ctx := r.Context()
-	v := VersionFrom(ctx)
-	c := api.CallerFrom(ctx)
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
 		return nil, badField("createBackup", arg, fmt.Sprintf("%s is not of type 'object'", arg))
@@ -665,36 +672,8 @@ func (s *Service) actCreateBackup(r *http.Request, arg json.RawMessage) (*api.Re
 	if err != nil {
 		return nil, err
 	}
-	pre, err := s.visibleServer(ctx, s.db, r.PathValue("id"), false)
-	if err != nil {
-		return nil, err
-	}
-	base := s.imageBase(ctx, pre.ImageRef)
-	var imageID string
-	_, err = s.intent(r, simpleAction{"createBackup", taskImageBackup, "createBackup"}, func(tx *store.Tx, sv *server) error {
-		props := map[string]string{"instance_uuid": sv.ID, "image_type": "backup", "backup_type": *backupType,
-			"user_id": c.UserID}
-		if sv.ImageRef != "" {
-			props["base_image_ref"] = sv.ImageRef
-		}
-		for k, v := range meta {
-			props[k] = v
-		}
-		img, err := s.images.CreateSnapshot(ctx, tx, sv.ProjectID, *name, props, base)
-		if err != nil {
-			return err
-		}
-		imageID = img.ID
-		sv.Doc.SnapshotID, sv.Doc.BackupRotation = img.ID, rotation
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if v.AtLeast(45) {
-		return api.JSON(http.StatusAccepted, map[string]any{"image_id": imageID}), nil
-	}
-	return api.Empty(http.StatusAccepted).WithHeader("Location", imageURL(r, imageID)), nil
+	return s.imageAction(r, simpleAction{"createBackup", taskImageBackup, "createBackup"}, *name, meta,
+		map[string]string{"image_type": "backup", "backup_type": *backupType}, rotation)
 }
 
 func (s *Service) actLock(r *http.Request, arg json.RawMessage, lock bool) (*api.Response, error) {

@@ -280,6 +280,14 @@ cli_basics() {
 		ok "top-up of 100.00" bcurl -o /dev/null -w '%{http_code}' -X POST \
 			-d '{"topup":{"amount":10000,"provider":"test"}}' "https://127.0.0.1:$BI_PORT/v1/topups" &&
 			jcheck "top-up of 100.00 is 201" 'd == 201'
+		ok "usage this month" bcurl -f "https://127.0.0.1:$BI_PORT/v1/usage" &&
+			jcheck "usage has month, currency, total and resources" \
+				'{"month","currency","total","resources"} <= set(d["usage"])'
+		ok "notices" bcurl -f "https://127.0.0.1:$BI_PORT/v1/notices" &&
+			jcheck "notices is a list" 'isinstance(d["notices"], list)'
+		ok "a term for no server" bcurl -o /dev/null -w '%{http_code}' -X POST \
+			-d '{"term":{"server_id":"no-such-server","months":1}}' "https://127.0.0.1:$BI_PORT/v1/terms" &&
+			jcheck "a term for no server is 409" 'd == 409'
 	fi
 
 	ok "flavor list" demo flavor list -f json &&
