@@ -211,6 +211,11 @@ type quoteRequest struct {
 	PublicIPv4 bool   `json:"public_ipv4"`
 	OSType     string `json:"os_type"`
 	Quantity   int64  `json:"quantity"`
+	// Tariff: "hourly" (default), for DurationHours when given, or
+	// "prepaid" for TermMonths.
+	Tariff        string `json:"tariff"`
+	TermMonths    int    `json:"term_months"`
+	DurationHours int64  `json:"duration_hours"`
 }
 
 func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
@@ -223,7 +228,7 @@ func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	if err := api.UnknownFields(fields, "vcpus", "ram_gb", "disk_type", "disk_gb", "gpu_model", "gpu_count",
-		"public_ipv4", "os_type", "quantity"); err != nil {
+		"public_ipv4", "os_type", "quantity", "tariff", "term_months", "duration_hours"); err != nil {
 		return nil, err
 	}
 	var qr quoteRequest
@@ -243,13 +248,16 @@ func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	q, err := prices.Quote(c, s.cfg.Currency, s.cfg.HoursPerMonth)
+	if err == nil {
+		q, err = prices.WithTariff(q, qr.Tariff, qr.TermMonths, qr.DurationHours)
+	}
 	if errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnpriced) {
 		return nil, api.BadRequest("%s", err.Error())
 	}
 	if err != nil {
 		return nil, err
 	}
-	pr, err := s.present(map[string]int64{"hourly_each": q.HourlyEach, "hourly": q.Hourly, "monthly": q.Monthly})
+	pr, err := s.present(map[string]int64{"hourly_each": q.HourlyEach, "hourly": q.Hourly, "monthly": q.Monthly, "total": q.Total})
 	if err != nil {
 		return nil, err
 	}

@@ -175,6 +175,56 @@ type Quote struct {
 	Hourly        int64      `json:"hourly"`  // all servers, minor units per hour
 	Monthly       int64      `json:"monthly"` // Hourly × HoursPerMonth
 	HoursPerMonth int        `json:"hours_per_month"`
+	// The tariff: "hourly" (pay as you go, for DurationHours when given)
+	// or "prepaid" (TermMonths paid up front at DiscountBP off). Total is
+	// the whole term's or duration's price for all servers; 0 for hourly
+	// without a duration.
+	Tariff        string `json:"tariff"`
+	TermMonths    int    `json:"term_months,omitempty"`
+	DiscountBP    int64  `json:"discount_bp,omitempty"`
+	DurationHours int64  `json:"duration_hours,omitempty"`
+	Total         int64  `json:"total"`
+}
+
+// Tariffs.
+const (
+	TariffHourly  = "hourly"
+	TariffPrepaid = "prepaid"
+)
+
+// maxDurationHours bounds a rental duration (ten years).
+const maxDurationHours = 10 * 366 * 24
+
+// WithTariff prices q's choice for a tariff: a prepaid term of months, as
+// BuyTerm charges it per server, or pay-as-you-go for hours (0: open
+// ended).
+func (p *PriceList) WithTariff(q Quote, tariff string, months int, hours int64) (Quote, error) {
+	switch tariff {
+	case "", TariffHourly:
+		if months != 0 {
+			return q, fmt.Errorf("%w: term_months needs the prepaid tariff", ErrInvalid)
+		}
+		if hours < 0 || hours > maxDurationHours {
+			return q, fmt.Errorf("%w: duration_hours must be between 0 and %d", ErrInvalid, maxDurationHours)
+		}
+		q.Tariff, q.DurationHours, q.Total = TariffHourly, hours, q.Hourly*hours
+	case TariffPrepaid:
+		if hours != 0 {
+			return q, fmt.Errorf("%w: a prepaid term is set by term_months, not duration_hours", ErrInvalid)
+		}
+		each, err := p.TermPrice(q.HourlyEach, months, q.HoursPerMonth)
+		if err != nil {
+			return q, err
+		}
+		q.Tariff, q.TermMonths, q.DiscountBP = TariffPrepaid, months, p.TermDiscounts[strconv.Itoa(months)]
+		if each > math.MaxInt64/max(q.Quantity, 1) {
+			return q, fmt.Errorf("%w: price too large", ErrInvalid)
+		}
+		q.Total = each * q.Quantity
+	default:
+		return q, fmt.Errorf("%w: tariff must be %q or %q", ErrInvalid, TariffHourly, TariffPrepaid)
+	}
+	return q, nil
 }
 
 // ErrUnpriced is wrapped by quote errors for a choice the price list has no
@@ -256,6 +306,7 @@ func (p *PriceList) Quote(c Choice, currency string, hoursPerMonth int) (Quote, 
 	}
 	q.Hourly = q.HourlyEach * q.Quantity
 	q.Monthly = q.Hourly * int64(hoursPerMonth)
+	q.Tariff = TariffHourly
 	if q.Items == nil {
 		q.Items = []LineItem{}
 	}

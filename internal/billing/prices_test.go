@@ -144,3 +144,36 @@ func TestTermPrice(t *testing.T) {
 		}
 	}
 }
+
+// TestWithTariff prices a choice for the whole term or rental duration.
+func TestWithTariff(t *testing.T) {
+	p := testPrices()
+	p.TermDiscounts = map[string]int64{"1": 0, "3": 500}
+	base, err := p.Quote(Choice{VCPUs: 2, RAMMB: 4096, DiskGB: 40, Quantity: 3}, "RUB", 720)
+	if err != nil {
+		t.Fatal(err)
+	}
+	each3, _ := p.TermPrice(base.HourlyEach, 3, 720)
+	tests := []struct {
+		tariff  string
+		months  int
+		hours   int64
+		total   int64
+		wantErr error
+	}{
+		{"", 0, 0, 0, nil},
+		{"hourly", 0, 48, base.Hourly * 48, nil},
+		{"prepaid", 3, 0, each3 * 3, nil},
+		{"prepaid", 2, 0, 0, ErrUnpriced},
+		{"prepaid", 3, 10, 0, ErrInvalid},
+		{"hourly", 3, 0, 0, ErrInvalid},
+		{"hourly", 0, -1, 0, ErrInvalid},
+		{"yearly", 0, 0, 0, ErrInvalid},
+	}
+	for _, tc := range tests {
+		q, err := p.WithTariff(base, tc.tariff, tc.months, tc.hours)
+		if !errors.Is(err, tc.wantErr) || (err == nil && q.Total != tc.total) {
+			t.Errorf("WithTariff(%q, %d, %d) = %d, %v; want %d, %v", tc.tariff, tc.months, tc.hours, q.Total, err, tc.total, tc.wantErr)
+		}
+	}
+}

@@ -96,6 +96,14 @@ func TestPrepaidTerms(t *testing.T) {
 		if want := hourly * 720; ta.Amount != want || !ta.StartsAt.Equal(at("2026-01-01T10:00:00Z")) || !ta.EndsAt.Equal(at("2026-02-01T10:00:00Z")) {
 			t.Fatalf("term %+v, want amount %d from 10:00 for a month", ta, want)
 		}
+		// The quote for the same choice and term is what was charged.
+		q, err := prices.Quote(ChoiceOf("server", stdServer("x", "p1", c.t).spec()), "RUB", 720)
+		if err == nil {
+			q, err = prices.WithTariff(q, TariffPrepaid, 1, 0)
+		}
+		if err != nil || q.Total != ta.Amount {
+			t.Fatalf("quote for a 1-month term: %d, %v; charged %d", q.Total, err, ta.Amount)
+		}
 		if _, err := b.BuyTerm(ctx, "p1", TermRequest{ServerID: "srv-a", Months: 1}); !errors.Is(err, ErrTermExists) {
 			t.Fatalf("second term: %v", err)
 		}
