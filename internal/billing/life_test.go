@@ -273,6 +273,17 @@ const crashEnv = "NIMBUS_BILLING_CRASH_DB"
 // that is killed inside its third charging transaction, after the inserts
 // and before the commit.
 func TestMain(m *testing.M) {
+	if url := os.Getenv(passEnv); url != "" {
+		db, err := store.Open(context.Background(), url)
+		if err == nil {
+			_, err = New(db, Config{BatchSize: 150}).ChargeUntil(context.Background(), at(os.Getenv(passEnv+"_AT")))
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if url := os.Getenv(crashEnv); url != "" {
 		db, err := store.Open(context.Background(), url)
 		if err != nil {
@@ -291,6 +302,49 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Exit(m.Run())
+}
+
+// passEnv names the database a child process runs one charging pass on.
+const passEnv = "NIMBUS_BILLING_PASS_DB"
+
+// TestTwoProcesses runs charging passes in two processes at once on one
+// database, three hours running: every server-hour is charged once.
+func TestTwoProcesses(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		db := openDB(t, url)
+		const servers = 1200
+		svs := make([]testServer, servers)
+		for i := range svs {
+			svs[i] = stdServer(fmt.Sprintf("srv-%05d", i), fmt.Sprintf("p%d", i%9), at("2026-07-01T08:30:00Z"))
+		}
+		insertServers(t, db, svs)
+		mustCharge(t, New(db, Config{}), at("2026-07-01T08:40:00Z"))
+		for _, now := range []string{"2026-07-01T09:00:04Z", "2026-07-01T10:00:04Z", "2026-07-01T11:00:04Z"} {
+			var cmds []*exec.Cmd
+			for range 2 {
+				cmd := exec.Command(os.Args[0], "-test.run=^$")
+				cmd.Env = append(os.Environ(), passEnv+"="+url, passEnv+"_AT="+now)
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				cmds = append(cmds, cmd)
+			}
+			for _, cmd := range cmds {
+				if err := cmd.Wait(); err != nil {
+					t.Fatalf("charging process: %v", err)
+				}
+			}
+		}
+		var n, distinct int
+		if err := db.QueryRow(context.Background(), `SELECT COUNT(*), COUNT(DISTINCT resource_id || period_start)
+ FROM billing_ledger WHERE kind = 'charge'`).Scan(&n, &distinct); err != nil {
+			t.Fatal(err)
+		}
+		// Hours 08 to 11.
+		if n != servers*4 || distinct != n {
+			t.Fatalf("%d charges (%d distinct), want %d", n, distinct, servers*4)
+		}
+	})
 }
 
 // TestCrashBeforeCommit kills a charging process between charging and
