@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"nimbus/internal/store/storetest"
 )
 
@@ -25,7 +27,7 @@ func BenchmarkChargeHour(b *testing.B) {
 			start := at("2026-03-01T00:00:00Z")
 			svs := make([]testServer, servers)
 			for i := range svs {
-				svs[i] = stdServer(fmt.Sprintf("%08x-0000-4000-8000-%012d", i, i), fmt.Sprintf("project-%d", i%500), start)
+				svs[i] = stdServer(uuid.NewString(), fmt.Sprintf("project-%d", i%500), start) // random, as compute's ids
 			}
 			insertServers(b, db, svs)
 			svs = nil

@@ -115,7 +115,7 @@ func (s *Service) charge(ctx context.Context, now time.Time, res *Result) (map[s
 	var readErr error
 	go func() {
 		defer close(batches)
-		after := ""
+		var after cursor
 		for {
 			w, err := p.read(rctx, after)
 			if err != nil {
@@ -237,19 +237,24 @@ type charge struct {
 	ref               string
 }
 
+// cursor is where a page of periods ends: (resource_id, id).
+type cursor struct{ resource, id string }
+
 // work is one batch of periods, priced: the charges to write.
 type work struct {
-	last     string // id of the last period read
+	last     cursor // the last period read
 	charges  []charge
 	projects map[string]bool
 }
 
-// read prices the next BatchSize periods with ids after `after` (nil when
-// there are none left). Only the reading goroutine calls it.
-func (p *pass) read(ctx context.Context, after string) (*work, error) {
+// read prices the next BatchSize periods after `after` in (resource, id)
+// order (nil when there are none left). Only the reading goroutine calls
+// it.
+func (p *pass) read(ctx context.Context, after cursor) (*work, error) {
 	rows, err := p.s.db.Query(ctx, `SELECT `+metering.Columns+` FROM metering_periods
- WHERE id > ? AND started_at < ? AND (ended_at = '' OR ended_at > ? OR (ended_at = started_at AND started_at >= ?))
- ORDER BY id LIMIT ?`, after, store.FormatTime(p.to.Add(time.Hour)), store.FormatTime(p.from), store.FormatTime(p.from), p.s.cfg.BatchSize)
+ WHERE (resource_id, id) > (?, ?) AND started_at < ? AND (ended_at = '' OR ended_at > ? OR (ended_at = started_at AND started_at >= ?))
+ ORDER BY resource_id, id LIMIT ?`, after.resource, after.id, store.FormatTime(p.to.Add(time.Hour)), store.FormatTime(p.from),
+		store.FormatTime(p.from), p.s.cfg.BatchSize)
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +276,8 @@ func (p *pass) read(ctx context.Context, after string) (*work, error) {
 	if len(periods) == 0 {
 		return nil, nil
 	}
-	w := &work{last: periods[len(periods)-1].ID, projects: map[string]bool{}}
+	lp := periods[len(periods)-1]
+	w := &work{last: cursor{lp.ResourceID, lp.ID}, projects: map[string]bool{}}
 	metering.SortPeriods(periods)
 	metering.Assign(periods, p.from, p.to, func(h metering.Hour) bool {
 		pd := h.Period

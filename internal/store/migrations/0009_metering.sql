@@ -16,8 +16,9 @@ CREATE TABLE metering_periods (
     changed_at  TEXT NOT NULL
 )
 -- next
-CREATE INDEX metering_periods_resource ON metering_periods (resource_id, started_at)
--- next
-CREATE INDEX metering_periods_ended ON metering_periods (ended_at, id)
+-- A resource's periods in one seek, and the charging pass's order: by
+-- resource, so that its charges reach the ledger's (kind, period_start,
+-- resource_id) key in ascending order, and a resource's periods together.
+CREATE INDEX metering_periods_resource ON metering_periods (resource_id, id)
 -- next
 CREATE INDEX metering_periods_project ON metering_periods (project_id, started_at)
