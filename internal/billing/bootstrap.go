@@ -24,3 +24,13 @@ func (s *Service) Welcome(ctx context.Context, project string, amount int64) err
 		return err
 	})
 }
+
+// OpenAccount creates project's account with creditLimit unless it exists
+// already (an operator's later change stays): the operator's own admin
+// project is opened with a limit no spend reaches, so that the cloud does
+// not shelve the operator's servers.
+func (s *Service) OpenAccount(ctx context.Context, project string, creditLimit int64) error {
+	_, err := s.db.Exec(ctx, `INSERT INTO billing_accounts (project_id, credit_limit, created_at) VALUES (?, ?, ?)
+ ON CONFLICT (project_id) DO NOTHING`, project, creditLimit, store.FormatTime(s.cfg.Now()))
+	return err
+}

@@ -70,10 +70,15 @@ func (c *Cloud) bootstrap(ctx context.Context) error {
 		if err := c.Networks.EnsureDefaults(ctx, p.ID); err != nil {
 			return fmt.Errorf("cloud: bootstrap network for %s: %w", name, err)
 		}
-		if name == DemoProject {
-			if err := c.Billing.Welcome(ctx, p.ID, c.Config.DemoCredit); err != nil {
-				return fmt.Errorf("cloud: bootstrap billing: %w", err)
-			}
+		var err2 error
+		switch name {
+		case DemoProject:
+			err2 = c.Billing.Welcome(ctx, p.ID, c.Config.DemoCredit)
+		case AdminProject:
+			err2 = c.Billing.OpenAccount(ctx, p.ID, AdminCreditLimit)
+		}
+		if err2 != nil {
+			return fmt.Errorf("cloud: bootstrap billing: %w", err2)
 		}
 	}
 	if err := c.Compute.Bootstrap(ctx); err != nil {
@@ -81,6 +86,11 @@ func (c *Cloud) bootstrap(ctx context.Context) error {
 	}
 	return c.writeClientFiles()
 }
+
+// AdminCreditLimit is the admin project's credit limit on first start:
+// 10^13 minor units, more than any cloud spends, so the operator's own
+// servers are never shelved for running dry.
+const AdminCreditLimit = 10_000_000_000_000
 
 func firstNonEmpty(a, b string) string {
 	if a != "" {

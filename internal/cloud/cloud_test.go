@@ -1,6 +1,7 @@
 package cloud_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -15,7 +16,7 @@ import (
 // directory and that a second start on it keeps the accounts.
 func TestFirstStartAndRestart(t *testing.T) {
 	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
-		c := testenv.StartCloud(t, dbURL)
+		c := testenv.StartCloud(t, dbURL, func(nc *cloud.Config) { nc.DemoCredit = 5000 })
 		for _, f := range []string{c.CACertFile, c.CloudsFile} {
 			if _, err := os.Stat(f); err != nil {
 				t.Fatalf("missing %s: %v", f, err)
@@ -35,12 +36,44 @@ func TestFirstStartAndRestart(t *testing.T) {
 		resp, body := testenv.Do(t, client, "GET", c.IdentityURL+"/auth/tokens", tok, "", "X-Subject-Token", tok)
 		testenv.MustStatus(t, resp, body, http.StatusOK)
 
+		// Billing: the demo project's welcome credit, the admin project's
+		// limit, which the operator then lowers.
+		account := func(c *cloud.Cloud, name string) (string, int64, int64) {
+			t.Helper()
+			p, err := c.Identity.ProjectByName(context.Background(), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := c.Billing.Account(context.Background(), p.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p.ID, a.Balance, a.CreditLimit
+		}
+		if _, bal, _ := account(c, cloud.DemoProject); bal != 5000 {
+			t.Fatalf("demo balance %d, want the welcome credit 5000", bal)
+		}
+		adminID, _, limit := account(c, cloud.AdminProject)
+		if limit != cloud.AdminCreditLimit {
+			t.Fatalf("admin credit limit %d", limit)
+		}
+		if err := c.Billing.SetCreditLimit(context.Background(), adminID, 700); err != nil {
+			t.Fatal(err)
+		}
+
 		cfg := c.Config
 		c.Close()
 		cfg.AdminPassword, cfg.DemoPassword = "", ""
 		c2 := testenv.StartCloud(t, dbURL, func(nc *cloud.Config) { nc.DataDir = cfg.DataDir })
 		if c2.Secrets != c.Secrets {
 			t.Fatalf("secrets changed across restart")
+		}
+		// A restart credits nothing more and keeps the operator's limit.
+		if _, bal, _ := account(c2, cloud.DemoProject); bal != 5000 {
+			t.Fatalf("demo balance after restart %d, want 5000", bal)
+		}
+		if _, _, limit := account(c2, cloud.AdminProject); limit != 700 {
+			t.Fatalf("admin credit limit after restart %d, want the operator's 700", limit)
 		}
 		// The token issued before the restart is still valid.
 		resp, body = testenv.Do(t, testenv.HTTPClient(t, c2), "GET", c2.IdentityURL+"/auth/tokens", tok, "", "X-Subject-Token", tok)
