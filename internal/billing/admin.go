@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 
 	"nimbus/internal/store"
@@ -14,31 +15,17 @@ import (
 
 // Accounts lists every account by project id, with its balance, credit
 // limit and open trial credit (Presentation is left out: it is for
-// customers). Balances come from one GROUP BY over the ledger.
+// customers). Balances come from allFunds: one scan of the ledger index.
 func (s *Service) Accounts(ctx context.Context) ([]Account, error) {
-	// Every ledger writer creates the account first (ensureAccount), so
-	// billing_accounts names every project with ledger rows.
-	rows, err := s.db.Query(ctx, `SELECT a.project_id, a.credit_limit, COALESCE(SUM(l.amount), 0)
- FROM billing_accounts a LEFT JOIN billing_ledger l ON l.project_id = a.project_id
- GROUP BY a.project_id, a.credit_limit ORDER BY a.project_id`)
+	books, err := s.allFunds(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := []Account{}
-	for rows.Next() {
-		a := Account{Currency: s.cfg.Currency}
-		if err := rows.Scan(&a.ProjectID, &a.CreditLimit, &a.Balance); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		out = append(out, a)
+	out := make([]Account, 0, len(books))
+	for p, b := range books {
+		out = append(out, Account{ProjectID: p, Balance: b.Balance, CreditLimit: b.CreditLimit, Currency: s.cfg.Currency})
 	}
-	if err := rows.Close(); err != nil {
-		return nil, err
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ProjectID < out[j].ProjectID })
 	// Few projects have an approved trial: read only theirs, after the
 	// rows above are closed (SQLite's pool may be one connection short).
 	trials, err := s.ListTrials(ctx, "", TrialApproved)

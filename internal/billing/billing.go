@@ -20,6 +20,8 @@ package billing
 import (
 	"context"
 	"log/slog"
+	"math/big"
+	"sync"
 	"time"
 
 	"nimbus/internal/store"
@@ -122,6 +124,10 @@ type Service struct {
 	// crashHook, when set, runs inside each charging transaction after its
 	// inserts and before the commit: tests kill the process there.
 	crashHook func()
+	// rate is the parsed presentation rate (presentationRate).
+	rateOnce sync.Once
+	rate     *big.Rat
+	rateErr  error
 }
 
 // New makes the billing service. The tables come from migration 0008.

@@ -93,7 +93,7 @@ func (s *Service) present(amounts map[string]int64) (*Presentation, error) {
 	if s.cfg.PresentationCurrency == "" {
 		return nil, nil
 	}
-	rate, err := ParseRate(s.cfg.PresentationRate) // checked by withDefaults
+	rate, err := s.presentationRate()
 	if err != nil {
 		return nil, err
 	}
@@ -105,4 +105,10 @@ func (s *Service) present(amounts map[string]int64) (*Presentation, error) {
 		}
 	}
 	return p, nil
+}
+
+// presentationRate is Config.PresentationRate parsed, once per service.
+func (s *Service) presentationRate() (*big.Rat, error) {
+	s.rateOnce.Do(func() { s.rate, s.rateErr = ParseRate(s.cfg.PresentationRate) })
+	return s.rate, s.rateErr
 }

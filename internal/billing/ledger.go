@@ -57,15 +57,11 @@ func (s *Service) ensureAccount(ctx context.Context, q store.Querier, project st
 // Account reads project's account; a project never billed has a zero
 // balance and the default credit limit.
 func (s *Service) Account(ctx context.Context, project string) (*Account, error) {
-	a := &Account{ProjectID: project, CreditLimit: s.cfg.DefaultCreditLimit, Currency: s.cfg.Currency}
-	err := s.db.QueryRow(ctx, "SELECT credit_limit FROM billing_accounts WHERE project_id = ?", project).Scan(&a.CreditLimit)
-	if err != nil && !store.IsNoRows(err) {
+	f, err := s.funds(ctx, s.db, project)
+	if err != nil {
 		return nil, err
 	}
-	// COALESCE: SUM over no rows is NULL.
-	if err := s.db.QueryRow(ctx, "SELECT COALESCE(SUM(amount), 0) FROM billing_ledger WHERE project_id = ?", project).Scan(&a.Balance); err != nil {
-		return nil, err
-	}
+	a := &Account{ProjectID: project, Balance: f.Balance, CreditLimit: f.CreditLimit, Currency: s.cfg.Currency}
 	tr, err := s.openTrial(ctx, s.db, project, s.cfg.Now())
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package compute
 
 import (
 	"context"
+	"slices"
 
 	"nimbus/internal/api"
 	"nimbus/internal/store"
@@ -22,10 +23,6 @@ func (s *Service) checkSpend(ctx context.Context, project string) error {
 	}
 	return s.gate.CanSpend(ctx, project)
 }
-
-// shelvable are the states billing may shelve a server from: those Nova's
-// shelve accepts (nova/compute/api.py shelve).
-var shelvable = map[string]bool{vmActive: true, vmStopped: true, vmPaused: true, vmSuspended: true}
 
 // ShelveServers shelves, as billing's suspension does, the servers of
 // project that can be shelved (servers nil) or those of servers that can:
@@ -64,7 +61,9 @@ func (s *Service) ShelveServers(ctx context.Context, project string, servers []s
 			if err != nil {
 				return err
 			}
-			if sv.Deleted || sv.ProjectID != project || sv.TaskState != "" || !shelvable[sv.VMState] {
+			// The states a customer's shelve accepts; the customer's lock
+			// does not hold billing back.
+			if sv.Deleted || sv.ProjectID != project || sv.TaskState != "" || !slices.Contains(actionRules["shelve"].vmStates, sv.VMState) {
 				return nil
 			}
 			sv.TaskState = taskShelving
