@@ -142,7 +142,7 @@ func TestAPI(t *testing.T) {
 			}
 			for _, e := range body["ledger"].([]any) {
 				m := e.(map[string]any)
-				if m["kind"] != "topup" || m["amount"] != float64(1000) || m["resource_id"] != nil {
+				if _, shown := m["period_start"]; m["kind"] != "topup" || m["amount"] != float64(1000) || m["resource_id"] != nil || shown {
 					t.Fatalf("entry %v", m)
 				}
 				ids = append(ids, m["id"].(string))
@@ -208,6 +208,25 @@ func TestAPI(t *testing.T) {
 		a := body["account"].(map[string]any)
 		if st != 200 || a["balance"] != float64(5000-7) || a["credit_limit"] != float64(500) {
 			t.Fatalf("admin account %d %v", st, body)
+		}
+	})
+}
+
+// TestLedgerPeriodStart: only charges show period_start; the welcome
+// credit keys its once-only row on that column without showing it.
+func TestLedgerPeriodStart(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		b := New(openDB(t, url), Config{})
+		if err := b.Welcome(context.Background(), "p-demo", 5000); err != nil {
+			t.Fatal(err)
+		}
+		st, body := call(t, startAPI(t, b), "GET", "/v1/ledger", "demo", "")
+		entries, _ := body["ledger"].([]any)
+		if st != 200 || len(entries) != 1 {
+			t.Fatalf("ledger %d %v", st, body)
+		}
+		if e := entries[0].(map[string]any); e["kind"] != "adjustment" || e["amount"] != float64(5000) || e["period_start"] != nil {
+			t.Fatalf("welcome entry %v", e)
 		}
 	})
 }

@@ -137,6 +137,12 @@ func (s *Service) Ledger(ctx context.Context, project string, limit int, marker 
 			return nil, err
 		}
 		e.CreatedAt = store.ParseTime(at)
+		if e.Kind != KindCharge {
+			// The contract shows period_start for charges only; other rows
+			// use the column as their once-only key (a trial's expiry, the
+			// welcome credit).
+			e.PeriodStart = nil
+		}
 		out = append(out, e)
 	}
 	return out, rows.Err()
