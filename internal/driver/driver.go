@@ -25,17 +25,39 @@ const (
 
 // GPU is one passthrough device on a host.
 type GPU struct {
-	Address string `json:"address"` // PCI address, e.g. 0000:3b:00.0
-	Vendor  string `json:"vendor"`
-	Model   string `json:"model"`
-	NUMA    int    `json:"numa_node"`
+	Address    string `json:"address"` // PCI address, e.g. 0000:3b:00.0
+	Vendor     string `json:"vendor"`
+	Model      string `json:"model"`
+	NUMA       int    `json:"numa_node"`
+	VendorID   string `json:"vendor_id,omitempty"` // PCI ids, e.g. 10de
+	DeviceID   string `json:"device_id,omitempty"`
+	IOMMUGroup int    `json:"iommu_group"`
+	// Driver is the kernel driver bound to the device ("vfio-pci" when it
+	// is ready for passthrough, "" when none).
+	Driver string `json:"driver,omitempty"`
+}
+
+// CPU is one logical processor (a hardware thread) of a host.
+type CPU struct {
+	ID     int `json:"id"`
+	Core   int `json:"core"`   // core id within its socket
+	Socket int `json:"socket"` // physical package
+	NUMA   int `json:"numa_node"`
+	// Siblings are the threads that share this CPU's core, itself included.
+	Siblings []int `json:"siblings,omitempty"`
+}
+
+// NUMANode is one NUMA node's memory that servers may use.
+type NUMANode struct {
+	ID       int `json:"id"`
+	MemoryMB int `json:"memory_mb"`
 }
 
 // Host is one hypervisor host and what it has to give.
 type Host struct {
 	Name        string `json:"name"`
 	IP          string `json:"host_ip"`
-	VCPUs       int    `json:"vcpus"`     // pCPUs that servers may use
+	VCPUs       int    `json:"vcpus"`     // pCPUs that servers may use (CPUs less ReservedCPUs)
 	MemoryMB    int    `json:"memory_mb"` // RAM that servers may use
 	DiskGB      int    `json:"disk_gb"`   // local disk pool
 	GPUs        []GPU  `json:"gpus"`
@@ -44,6 +66,76 @@ type Host struct {
 	Version     int    `json:"hypervisor_version"`
 	Up          bool   `json:"up"`
 	UptimeSince int64  `json:"uptime_since"` // unix seconds the host came up
+
+	// CPUs is every logical CPU of the host; ReservedCPUs are those kept
+	// for the host itself (and QEMU's emulator threads), never given to a
+	// server. NUMANodes split MemoryMB by node.
+	CPUs         []CPU      `json:"cpus,omitempty"`
+	ReservedCPUs []int      `json:"reserved_cpus,omitempty"`
+	NUMANodes    []NUMANode `json:"numa_nodes,omitempty"`
+	// Health is "" when the host is fine, else what is wrong with it.
+	Health string `json:"health,omitempty"`
+}
+
+// Normalize completes a host described only by counts, as the fake fleet's
+// config may be: with no CPUs it gets a synthetic topology of VCPUs
+// threads (two per core, one NUMA node per 32 threads, none reserved), with
+// no NUMANodes its memory is split evenly over the CPUs' nodes, and VCPUs
+// and MemoryMB are recomputed from the topology.
+func (h *Host) Normalize() {
+	if len(h.CPUs) == 0 && h.VCPUs > 0 {
+		nodes := max(1, h.VCPUs/32)
+		per := (h.VCPUs + nodes - 1) / nodes
+		for id := 0; id < h.VCPUs; id++ {
+			node := id / per
+			core := id / 2
+			h.CPUs = append(h.CPUs, CPU{ID: id, Core: core, Socket: node, NUMA: node})
+		}
+		for i := range h.CPUs {
+			c := &h.CPUs[i]
+			for _, o := range h.CPUs {
+				if o.Core == c.Core && o.Socket == c.Socket {
+					c.Siblings = append(c.Siblings, o.ID)
+				}
+			}
+		}
+	}
+	if len(h.NUMANodes) == 0 {
+		seen := map[int]bool{}
+		var ids []int
+		for _, c := range h.CPUs {
+			if !seen[c.NUMA] {
+				seen[c.NUMA] = true
+				ids = append(ids, c.NUMA)
+			}
+		}
+		if len(ids) == 0 {
+			ids = []int{0}
+		}
+		for i, id := range ids {
+			mb := h.MemoryMB / len(ids)
+			if i == 0 {
+				mb += h.MemoryMB % len(ids)
+			}
+			h.NUMANodes = append(h.NUMANodes, NUMANode{ID: id, MemoryMB: mb})
+		}
+	}
+	reserved := map[int]bool{}
+	for _, id := range h.ReservedCPUs {
+		reserved[id] = true
+	}
+	n := 0
+	for _, c := range h.CPUs {
+		if !reserved[c.ID] {
+			n++
+		}
+	}
+	h.VCPUs = n
+	mem := 0
+	for _, nd := range h.NUMANodes {
+		mem += nd.MemoryMB
+	}
+	h.MemoryMB = mem
 }
 
 // Spec is everything a driver needs to build a server's VM.
@@ -118,4 +210,36 @@ type Driver interface {
 	List(ctx context.Context) ([]Instance, error)
 	// State returns one server's power state.
 	State(ctx context.Context, id string) (PowerState, error)
+}
+
+// ErrHostDown is returned by a driver that cannot reach the host a server
+// is on (its agent stopped reporting). The work is not lost: the caller
+// tries the same step again once the host is back.
+var ErrHostDown = errors.New("driver: host is down")
+
+type opKey struct{}
+
+// WithOpKey names the work a call does, so that a driver that runs work
+// remotely (through host agents) can recognise the same step asked again
+// after a restart or a lost answer and not run it twice. The compute
+// reconcile loop keys each step by server, task and request.
+func WithOpKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, opKey{}, key)
+}
+
+// OpKey is the key WithOpKey set, or "".
+func OpKey(ctx context.Context) string {
+	k, _ := ctx.Value(opKey{}).(string)
+	return k
+}
+
+// PowerListener is told when a driver learns that a server's power state
+// changed by itself (a guest that powered off, a host that came back with
+// its VMs stopped), so that compute can sync it as Nova's power-state sync
+// does. A driver that can tell implements PowerNotifier.
+type PowerListener func(serverID string, p PowerState)
+
+// PowerNotifier is implemented by drivers that report power changes.
+type PowerNotifier interface {
+	SetPowerListener(PowerListener)
 }
