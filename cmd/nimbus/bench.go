@@ -34,12 +34,14 @@ import (
 func bench(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
 	dbURL := fs.String("database-url", "", "database to run on (default: SQLite in a temporary directory)")
-	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge")
+	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge, place")
 	duration := fs.Duration("duration", 5*time.Second, "how long the token scenario runs")
 	workers := fs.Int("workers", 16, "concurrent clients")
 	creates := fs.Int("creates", 2000, "servers created in the create scenario")
 	listSize := fs.Int("servers", 10000, "servers in the store for the detail scenario")
 	resources := fs.Int("resources", 100000, "metered servers in the charge scenario")
+	placeHosts := fs.Int("place-hosts", 1000, "fake hosts in the place scenario")
+	placeCreates := fs.Int("place-creates", 1000, "servers created in the place scenario")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.Parse(args)
 	if *cpuProfile != "" {
@@ -60,6 +62,11 @@ func bench(args []string) error {
 
 	if want["rss"] {
 		if err := benchIdleRSS(); err != nil {
+			return err
+		}
+	}
+	if want["place"] {
+		if err := benchPlace(*dbURL, *placeHosts, *placeCreates, *workers); err != nil {
 			return err
 		}
 	}

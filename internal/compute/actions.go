@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
-	"nimbus/internal/image"
 	"strconv"
 	"strings"
+
+	"nimbus/internal/image"
+	"nimbus/internal/scheduler"
 
 	"nimbus/internal/api"
 	"nimbus/internal/driver"
@@ -121,6 +124,7 @@ func (s *Service) intent(r *http.Request, sa simpleAction, mutate func(tx *store
 		}
 		sv.TaskState = sa.task
 		sv.Doc.RequestID = api.RequestID(ctx)
+		sv.Doc.TaskID = newUUID()
 		sv.Doc.Retries = 0
 		if err := s.recordAction(ctx, tx, sv.ID, sa.record); err != nil {
 			return err
@@ -290,11 +294,16 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 	} else if !ok || nf.Disabled {
 		return nil, api.BadRequest("Unable to locate requested flavor.")
 	}
-	hosts, err := s.enabledHosts(ctx)
+	st, err := s.schedState(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return s.intentAction(r, simpleAction{"resize", taskResizePrep, "resize"}, func(tx *store.Tx, sv *server) error {
+	// The new flavor is claimed on the server's host next to the old claim,
+	// which stays under the resize-source key until confirm or revert (nova
+	// keeps both allocations). The claim is reserved inside the
+	// transaction, which may run more than once.
+	var claimed *scheduler.Claim
+	resp, err := s.intentAction(r, simpleAction{"resize", taskResizePrep, "resize"}, func(tx *store.Tx, sv *server) error {
 		old := sv.Doc.Flavor
 		if old.ID == nf.ID {
 			return api.BadRequest("When resizing, instances must change flavor!")
@@ -325,16 +334,28 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 		// The target must fit on the server's host next to what it holds
 		// now (nova keeps both allocations until confirm or revert).
 		snap := snapOf(nf)
-		if err := lockPlacement(ctx, tx); err != nil {
-			return err
+		if claimed != nil {
+			st.Release(*claimed)
+			claimed = nil
 		}
-		extra := need{max(0, snap.VCPUs-sv.VCPUs), max(0, snap.RAM-sv.MemoryMB), max(0, snap.diskGB()-sv.DiskGB)}
-		fits, err := s.fitsOn(ctx, tx, hosts, sv.Host, extra)
+		req := flavorRequest(snap)
+		req.OnlyHosts = []string{sv.Host}
+		c, err := st.Reserve(req)
 		if err != nil {
+			return api.BadRequest("No valid host was found. There are not enough hosts available.")
+		}
+		claimed = &c
+		if err := moveClaim(ctx, tx, sv.ID, resizeSourceKey(sv.ID)); err != nil {
 			return err
 		}
-		if !fits {
-			return api.BadRequest("No valid host was found. There are not enough hosts available.")
+		if err := writeClaim(ctx, tx, sv.ID, c, s.now()); err != nil {
+			if errors.Is(err, errClaimConflict) {
+				// Another controller placed on this host since the
+				// snapshot was taken: look again on the next try.
+				go s.reloadSched(context.WithoutCancel(ctx))
+				return api.Conflict("The host's resources changed while resizing; please try again.")
+			}
+			return err
 		}
 		sv.Doc.OldFlavor = &old
 		sv.Doc.OldVMState = sv.VMState
@@ -346,6 +367,12 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 		}
 		return nil
 	})
+	if err != nil && claimed != nil {
+		st.Release(*claimed)
+	} else if claimed != nil {
+		s.keepAll(st, []scheduler.Claim{*claimed})
+	}
+	return resp, err
 }
 
 // actConfirmResize frees the old flavor at once: Nova answers 204 and the
@@ -368,6 +395,9 @@ func (s *Service) actConfirmResize(r *http.Request) (*api.Response, error) {
 		sv.Doc.OldFlavor, sv.Doc.OldVMState = nil, ""
 		f := sv.Doc.Flavor
 		sv.VCPUs, sv.MemoryMB, sv.DiskGB = f.VCPUs, f.RAM, f.diskGB()
+		if err := s.dropClaim(ctx, tx, resizeSourceKey(sv.ID)); err != nil {
+			return err
+		}
 		if err := s.recordAction(ctx, tx, sv.ID, "confirmResize"); err != nil {
 			return err
 		}

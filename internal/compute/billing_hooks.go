@@ -68,6 +68,7 @@ func (s *Service) ShelveServers(ctx context.Context, project string, servers []s
 			}
 			sv.TaskState = taskShelving
 			sv.Doc.RequestID = ""
+			sv.Doc.TaskID = newUUID()
 			sv.Doc.Retries = 0
 			if err := s.recordAction(ctx, tx, sv.ID, "shelve"); err != nil {
 				return err

@@ -125,8 +125,27 @@ func (s *Service) Run(ctx context.Context) {
 	if err := s.backfillMeter(ctx); err != nil && ctx.Err() == nil {
 		s.log.Error("metering: backfill failed", "error", err)
 	}
+	if err := s.backfillClaims(ctx); err != nil && ctx.Err() == nil {
+		s.log.Error("scheduler: claim backfill failed", "error", err)
+	}
+	if pn, ok := s.driver.(driver.PowerNotifier); ok {
+		pn.SetPowerListener(func(id string, p driver.PowerState) {
+			if ctx.Err() == nil {
+				s.syncPower(ctx, id, p)
+			}
+		})
+	}
 	s.resume(ctx)
-	<-ctx.Done()
+	tick := time.NewTicker(instanceSync)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-tick.C:
+			s.syncInstances(ctx)
+		}
+	}
 	s.queue.close()
 	wg.Wait()
 }
@@ -151,21 +170,48 @@ func (s *Service) resume(ctx context.Context) {
 	for _, id := range ids {
 		s.enqueue(id)
 	}
+	s.syncInstances(ctx)
+}
+
+// Periods of the loop's background work.
+const (
+	// hostDownRetry is how soon a step that found its host down looks again.
+	hostDownRetry = 5 * time.Second
+	// instanceSync is how often the driver's view of the VMs is squared
+	// with the store, as nova's _sync_power_states and
+	// _cleanup_running_deleted_instances do.
+	instanceSync = 30 * time.Second
+)
+
+// syncInstances destroys VMs whose server is gone and syncs the power state
+// of servers at rest with what the driver sees.
+func (s *Service) syncInstances(ctx context.Context) {
 	insts, err := s.driver.List(ctx)
 	if err != nil {
 		s.log.Warn("reconcile: driver list failed", "error", err)
 		return
 	}
+	live := map[string]bool{}
+	rows, err := s.db.Query(ctx, `SELECT id FROM compute_servers WHERE deleted = 0`)
+	if err != nil {
+		s.log.Warn("reconcile: server list failed", "error", err)
+		return
+	}
+	for rows.Next() {
+		var id string
+		if rows.Scan(&id) == nil {
+			live[id] = true
+		}
+	}
+	rows.Close()
 	seen := map[string]driver.Instance{}
 	for _, in := range insts {
 		seen[in.ID] = in
-		sv, err := s.loadServer(ctx, s.db, in.ID, false)
-		if errors.Is(err, store.ErrNotFound) || (err == nil && sv.Deleted) {
+		if !live[in.ID] {
 			// A VM whose server is gone: destroy it.
 			if err := s.driver.Destroy(ctx, in.ID); err != nil {
 				s.log.Warn("reconcile: destroy orphan failed", "server", in.ID, "error", err)
 			}
-			continue
 		}
 	}
 	// Servers that should run: sync power states as Nova's periodic task does.
@@ -188,29 +234,33 @@ func (s *Service) resume(ctx context.Context) {
 	rows.Close()
 	for _, p := range check {
 		in, ok := seen[p.id]
-		power := int(driver.NoState)
+		power := driver.NoState
 		if ok {
-			power = int(in.Power)
+			power = in.Power
 		}
-		if power == p.power {
-			continue
+		if int(power) != p.power {
+			s.syncPower(ctx, p.id, power)
 		}
-		err := s.db.Tx(ctx, func(tx *store.Tx) error {
-			sv, err := s.loadServer(ctx, tx, p.id, true)
-			if err != nil || sv.TaskState != "" || sv.Deleted {
-				return err
-			}
-			sv.Power = power
-			// A VM found stopped while the server should run is stopped
-			// in the store too (nova _sync_instance_power_state).
-			if sv.VMState == vmActive && (power == int(driver.Shutdown) || power == int(driver.Crashed)) {
-				sv.VMState = vmStopped
-			}
-			return s.saveServer(ctx, tx, sv)
-		})
-		if err != nil {
-			s.log.Warn("reconcile: power sync failed", "server", p.id, "error", err)
+	}
+}
+
+// syncPower records a server's power state as the driver sees it, when the
+// server is at rest (nova _sync_instance_power_state): a VM found stopped
+// while its server should run leaves the server stopped too.
+func (s *Service) syncPower(ctx context.Context, id string, power driver.PowerState) {
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		sv, err := s.loadServer(ctx, tx, id, true)
+		if err != nil || sv.TaskState != "" || sv.Deleted || sv.Host == "" || sv.Power == int(power) {
+			return err
 		}
+		sv.Power = int(power)
+		if sv.VMState == vmActive && (power == driver.Shutdown || power == driver.Crashed) {
+			sv.VMState = vmStopped
+		}
+		return s.saveServer(ctx, tx, sv)
+	})
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.log.Warn("reconcile: power sync failed", "server", id, "error", err)
 	}
 }
 
@@ -317,6 +367,19 @@ func (s *Service) fail(ctx context.Context, sv *server, task, event string, star
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: the step resumes after a restart
 	}
+	if errors.Is(cause, driver.ErrHostDown) {
+		// The host's agent is not reporting: the work waits for it rather
+		// than fail the server (nova-compute picks its queue up when it
+		// comes back).
+		s.log.Info("reconcile: host down, step waits", "server", sv.ID, "task", task, "host", sv.Host)
+		id := sv.ID
+		time.AfterFunc(hostDownRetry, func() {
+			if s.queue != nil {
+				s.enqueue(id)
+			}
+		})
+		return nil
+	}
 	s.log.Warn("reconcile: step failed", "server", sv.ID, "task", task, "error", cause)
 	msg, code := cause.Error(), 500
 	var ae *api.Error
@@ -330,6 +393,9 @@ func (s *Service) fail(ctx context.Context, sv *server, task, event string, star
 			if err := s.networks.ReleaseServer(ctx, tx, cur.ID); err != nil {
 				return err
 			}
+			if err := s.releaseServer(ctx, tx, cur.ID); err != nil {
+				return err
+			}
 			cur.Host, cur.Power = "", int(driver.NoState)
 		}
 		return s.finish(ctx, tx, cur, event, started, cause)
@@ -340,6 +406,7 @@ func (s *Service) fail(ctx context.Context, sv *server, task, event string, star
 func (s *Service) step(ctx context.Context, sv *server) bool {
 	started := s.now()
 	task := sv.TaskState
+	ctx = driver.WithOpKey(ctx, sv.ID+"/"+task+"/"+sv.Doc.TaskID)
 	var err error
 	switch {
 	case task == taskDeleting:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"nimbus/internal/driver"
+	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
 )
 
@@ -23,56 +24,22 @@ func (s *Service) simpleStep(ctx context.Context, sv *server, started time.Time,
 	})
 }
 
-// place chooses a host among hosts for sv inside tx and records it;
-// errNoValidHost when nothing fits. The hosts are read before the
-// transaction: enabledHosts may use its own connection or transaction,
-// which must not wait on ours.
-func (s *Service) place(ctx context.Context, tx *store.Tx, hosts []driver.Host, cur *server) error {
-	if err := lockPlacement(ctx, tx); err != nil {
-		return err
-	}
-	zone := ""
-	if cur.Doc.PinnedAZ != nil {
-		zone = *cur.Doc.PinnedAZ
-	}
+// placed records claim c's host on a server being placed.
+func placed(cur *server, c scheduler.Claim, zone string) {
+	cur.Host, cur.AZ = c.Host, zone
 	f := cur.Doc.Flavor
-	if cur.Doc.RequestedHost != "" {
-		// An admin's requested host (2.74 create, 2.91 unshelve) is the
-		// only candidate.
-		var only []driver.Host
-		for _, h := range hosts {
-			if h.Name == cur.Doc.RequestedHost {
-				only = append(only, h)
-			}
-		}
-		hosts = only
-	}
-	host, err := s.chooseHost(ctx, tx, hosts, zone, need{f.VCPUs, f.RAM, f.diskGB()}, "")
-	if err != nil {
-		return err
-	}
-	for _, h := range hosts {
-		if h.Name == host {
-			cur.AZ = hostZone(h)
-		}
-	}
-	cur.Host = host
 	cur.VCPUs, cur.MemoryMB, cur.DiskGB = f.VCPUs, f.RAM, f.diskGB()
-	return nil
 }
 
+// stepSchedule places a build that is still in scheduling: creates place
+// at once, so only builds made by an older version arrive here.
 func (s *Service) stepSchedule(ctx context.Context, sv *server, started time.Time) error {
-	hosts, err := s.enabledHosts(ctx)
-	if err != nil {
-		return err
-	}
-	err = s.commit(ctx, sv.ID, taskScheduling, func(tx *store.Tx, cur *server) error {
-		if err := s.place(ctx, tx, hosts, cur); err != nil {
+	err := s.placeOne(ctx, sv, taskScheduling, func(tx *store.Tx, cur *server, c scheduler.Claim) error {
+		zones, err := s.zonesOf(ctx, []scheduler.Claim{c})
+		if err != nil {
 			return err
 		}
-		// Nova passes through task_state null between scheduling and
-		// spawning; going straight to spawning saves a write per build and
-		// shows clients the same status (BUILD) throughout.
+		placed(cur, c, zones[c.Host])
 		cur.TaskState = taskSpawning
 		return s.saveServer(ctx, tx, cur)
 	})
@@ -119,13 +86,22 @@ func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, 
 
 func (s *Service) stepDelete(ctx context.Context, sv *server, started time.Time) error {
 	if sv.Host != "" || sv.LaunchedAt != nil {
-		if err := retry(ctx, func() error { return s.driver.Destroy(ctx, sv.ID) }); err != nil && !errors.Is(err, driver.ErrNotFound) {
+		// A server on a host that is down is deleted at once, as Nova's
+		// local delete does; the VM is destroyed as an orphan when the
+		// host's agent reports it again.
+		if err := retry(ctx, func() error { return s.driver.Destroy(ctx, sv.ID) }); err != nil && !errors.Is(err, driver.ErrNotFound) && !errors.Is(err, driver.ErrHostDown) {
 			return s.fail(ctx, sv, taskDeleting, "compute_terminate_instance", started, err, false)
 		}
 	}
 	shelved := sv.Doc.Metadata["shelved_image_id"]
 	err := s.commit(ctx, sv.ID, taskDeleting, func(tx *store.Tx, cur *server) error {
 		if err := s.networks.ReleaseServer(ctx, tx, cur.ID); err != nil {
+			return err
+		}
+		if err := s.releaseServer(ctx, tx, cur.ID); err != nil {
+			return err
+		}
+		if err := s.removeGroupMember(ctx, tx, cur.ID); err != nil {
 			return err
 		}
 		now := s.now()
@@ -205,6 +181,9 @@ func (s *Service) stepOffload(ctx context.Context, sv *server, started time.Time
 	return s.commit(ctx, sv.ID, taskShelvingOffloading, func(tx *store.Tx, cur *server) error {
 		cur.VMState, cur.TaskState, cur.Power = vmShelvedOffloaded, "", int(driver.Shutdown)
 		cur.Host = ""
+		if err := s.releaseServer(ctx, tx, cur.ID); err != nil {
+			return err
+		}
 		return s.finish(ctx, tx, cur, "compute_shelve_offload_instance", started, nil)
 	})
 }
@@ -214,14 +193,12 @@ func (s *Service) stepUnshelve(ctx context.Context, sv *server, started time.Tim
 		// Not offloaded yet: the VM is still on its host.
 		return s.simpleStep(ctx, sv, started, "compute_unshelve_instance", func() error { return s.driver.PowerOn(ctx, sv.ID) }, vmActive, driver.Running)
 	}
-	hosts, err := s.enabledHosts(ctx)
-	if err != nil {
-		return err
-	}
-	err = s.commit(ctx, sv.ID, taskUnshelving, func(tx *store.Tx, cur *server) error {
-		if err := s.place(ctx, tx, hosts, cur); err != nil {
+	err := s.placeOne(ctx, sv, taskUnshelving, func(tx *store.Tx, cur *server, c scheduler.Claim) error {
+		zones, err := s.zonesOf(ctx, []scheduler.Claim{c})
+		if err != nil {
 			return err
 		}
+		placed(cur, c, zones[c.Host])
 		cur.TaskState = taskSpawning
 		cur.Doc.RequestedHost = ""
 		return s.saveServer(ctx, tx, cur)
@@ -261,6 +238,18 @@ func (s *Service) stepRevert(ctx context.Context, sv *server, started time.Time)
 		return s.fail(ctx, sv, taskResizeReverting, "compute_revert_resize", started, err, false)
 	}
 	return s.commit(ctx, sv.ID, taskResizeReverting, func(tx *store.Tx, cur *server) error {
+		// The old flavor's claim was kept through the resize: it is the
+		// server's again, and the new one goes.
+		if _, ok, err := loadClaim(ctx, tx, resizeSourceKey(cur.ID)); err != nil {
+			return err
+		} else if ok {
+			if err := s.dropClaim(ctx, tx, cur.ID); err != nil {
+				return err
+			}
+			if err := moveClaim(ctx, tx, resizeSourceKey(cur.ID), cur.ID); err != nil {
+				return err
+			}
+		}
 		cur.Doc.Flavor = old
 		cur.Doc.OldFlavor = nil
 		cur.FlavorID = old.ID

@@ -71,6 +71,16 @@ type serverDoc struct {
 	InstanceName   string            `json:"instance_name"`
 	RequestID      string            `json:"request_id,omitempty"`
 	Retries        int               `json:"retries,omitempty"`
+	// TaskID is new with every intent (an action, a delete, billing's
+	// shelve): with the server id and task state it keys the driver work a
+	// step asks for, so that a driver running work on host agents can tell
+	// the same step asked again (after a restart) from new work.
+	TaskID string `json:"task_id,omitempty"`
+	// Group, SameHost and DifferentHost are the create request's scheduler
+	// hints, kept for every later placement (unshelve).
+	Group         string   `json:"group,omitempty"`
+	SameHost      []string `json:"same_host,omitempty"`
+	DifferentHost []string `json:"different_host,omitempty"`
 }
 
 // server is one row of compute_servers.

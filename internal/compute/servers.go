@@ -39,6 +39,7 @@ func (s *Service) serverRoutes() []api.Route {
 		{Pattern: "GET /v2.1/servers/{id}/tags/{tag}", Handler: s.handleTagCheck},
 		{Pattern: "PUT /v2.1/servers/{id}/tags/{tag}", Handler: s.handleTagAdd},
 		{Pattern: "DELETE /v2.1/servers/{id}/tags/{tag}", Handler: s.handleTagDelete},
+		{Pattern: "GET /v2.1/servers/{id}/topology", Handler: s.handleTopology},
 		{Pattern: "GET /v2.1/servers/{id}/os-instance-actions", Handler: s.handleListActions},
 		{Pattern: "GET /v2.1/servers/{id}/os-instance-actions/{rid}", Handler: s.handleShowAction},
 		{Pattern: "GET /v2.1/os-simple-tenant-usage", Handler: s.handleUsageList, AdminOnly: true,
@@ -175,6 +176,7 @@ func (s *Service) handleDelete(r *http.Request) (*api.Response, error) {
 		}
 		sv.TaskState = taskDeleting
 		sv.Doc.RequestID = api.RequestID(r.Context())
+		sv.Doc.TaskID = newUUID()
 		if err := s.recordAction(r.Context(), tx, sv.ID, "delete"); err != nil {
 			return err
 		}

@@ -49,6 +49,7 @@ type createReq struct {
 	Tags                      []string
 	Hostname                  string
 	Host                      string // 2.74, admin: the host to boot on
+	Hints                     schedulerHints
 }
 
 func isIPv4(s string) bool {
@@ -151,6 +152,15 @@ func parseCreate(r *http.Request, v Version) (*createReq, error) {
 	if !ok {
 		return nil, api.BadRequest("Invalid input for field/attribute server. 'server' is a required property")
 	}
+	var hints schedulerHints
+	for _, k := range []string{"os:scheduler_hints", "OS-SCH-HNT:scheduler_hints"} {
+		if h, ok := top[k]; ok {
+			var err error
+			if hints, err = parseSchedulerHints(h); err != nil {
+				return nil, err
+			}
+		}
+	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
 		return nil, badField("server", raw, fmt.Sprintf("%s is not of type 'object'", raw))
@@ -179,7 +189,7 @@ func parseCreate(r *http.Request, v Version) (*createReq, error) {
 	if err := api.UnknownFields(obj, allowed...); err != nil {
 		return nil, err
 	}
-	req := &createReq{DiskConfig: "MANUAL"}
+	req := &createReq{DiskConfig: "MANUAL", Hints: hints}
 	required := func(f string) error {
 		if _, ok := obj[f]; !ok {
 			return badField("server", raw, fmt.Sprintf("'%s' is a required property", f))
@@ -619,88 +629,160 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if err := s.checkSpend(ctx, c.ProjectID); err != nil {
 		return nil, err
 	}
-	var created []*server
-	err = s.db.Tx(ctx, func(tx *store.Tx) error {
-		created = created[:0]
-		if err := lockProjectQuota(ctx, tx, c.ProjectID); err != nil {
-			return err
+	if req.Hints.Group != "" {
+		if err := s.checkGroupForCreate(ctx, c.ProjectID, req.Hints.Group, req.MinCount); err != nil {
+			return nil, err
 		}
-		quota, err := s.quotaFor(ctx, tx, c.ProjectID)
-		if err != nil {
-			return err
-		}
-		if quota.MetadataItems >= 0 && len(req.Metadata) > quota.MetadataItems {
-			return metadataOverLimit(quota.MetadataItems)
-		}
-		insts, cores, ram, err := s.projectUsage(ctx, tx, c.ProjectID)
-		if err != nil {
-			return err
-		}
-		count, err := fitQuota(quota, insts, cores, ram, flavor, req.MinCount, req.MaxCount)
-		if err != nil {
-			return err
-		}
-		now := s.now()
-		for i := 0; i < count; i++ {
-			id := newUUID()
-			name, hostname := req.Name, req.Hostname
-			if count > 1 {
-				name = fmt.Sprintf("%s-%d", req.Name, i+1)
-			}
-			if hostname == "" {
-				hostname = sanitizeHostname(name)
-			}
-			sv := &server{
-				ID: id, ProjectID: c.ProjectID, UserID: c.UserID, Name: name,
-				VMState: vmBuilding, TaskState: taskScheduling, FlavorID: flavor.ID, ImageRef: req.ImageRef,
-				ReservationID: rid, LaunchIndex: i, AZ: req.AZ, KeyName: req.KeyName, Hostname: hostname,
-				Tags: append([]string{}, req.Tags...), VCPUs: snap.VCPUs, MemoryMB: snap.RAM, DiskGB: snap.diskGB(),
-				CreatedAt: now, UpdatedAt: now,
-				Doc: serverDoc{Flavor: snap, Metadata: req.Metadata, Description: req.Description,
-					AccessIPv4: req.AccessIPv4, AccessIPv6: canonicalIP(req.AccessIPv6), ConfigDrive: req.ConfigDrive,
-					DiskConfig: req.DiskConfig, UserData: req.UserData, SecurityGroups: sgs, AdminPass: req.AdminPass,
-					PinnedAZ: pinned, RequestedHost: req.Host, OSType: img.Properties["os_type"], RequestID: api.RequestID(ctx),
-					InstanceName: "instance-" + strings.ReplaceAll(id, "-", "")[:8]},
-			}
-			if kp != nil {
-				sv.Doc.PublicKey = kp.PublicKey
-			}
-			if err := s.insertServer(ctx, tx, sv); err != nil {
-				return err
-			}
-			for j, n := range nets {
-				portID := n.portID
-				if portID != "" {
-					if err := s.networks.BindPort(ctx, tx, portID, id); err != nil {
-						return err
-					}
-				} else {
-					p, err := s.networks.CreateServerPort(ctx, tx, c.ProjectID, n.networkID, id, n.fixedIP, sgs)
-					if err != nil {
-						return err
-					}
-					portID = p.ID
-				}
-				if j == 0 && publicIP {
-					if _, err := s.networks.AttachPublicIP(ctx, tx, c.ProjectID, id, portID); err != nil {
-						return err
-					}
-				}
-			}
-			if err := s.recordAction(ctx, tx, id, "create"); err != nil {
-				return err
-			}
-			created = append(created, sv)
-		}
-		ids := make([]string, len(created))
-		for i, sv := range created {
-			ids[i] = sv.ID
-		}
-		s.enqueueAfter(tx, ids...)
-		return nil
-	})
+	}
+	// Placement happens here, in the create: the scheduler reserves hosts
+	// for up to max_count servers on its snapshot, and the transaction keeps
+	// as many as the quota allows and writes their claims, which the store
+	// re-checks. Fewer than min_count placed fails them all, as Nova's
+	// NoValidHost does, with nothing held and nothing charged.
+	base, rule, err := s.constraints(ctx, placeRequest{zone: req.AZ, host: req.Host, group: req.Hints.Group,
+		sameHost: req.Hints.SameHost, differentHost: req.Hints.DifferentHost})
 	if err != nil {
 		return nil, err
+	}
+	schedReq := flavorRequest(snap)
+	schedReq.Zone, schedReq.OnlyHosts, schedReq.AvoidHosts = base.Zone, base.OnlyHosts, base.AvoidHosts
+	var created []*server
+	for attempt := 0; ; attempt++ {
+		st, err := s.schedState(ctx)
+		if err != nil {
+			return nil, err
+		}
+		claims := reserveBatch(st, schedReq, rule, req.MaxCount)
+		if len(claims) < req.MinCount && attempt == 0 {
+			// The snapshot may hold what another controller freed.
+			releaseAll(st, claims)
+			if st, err = s.reloadSched(ctx); err != nil {
+				return nil, err
+			}
+			claims = reserveBatch(st, schedReq, rule, req.MaxCount)
+		}
+		zones, err := s.zonesOf(ctx, claims)
+		if err != nil {
+			releaseAll(st, claims)
+			return nil, err
+		}
+		used := 0
+		err = s.db.Tx(ctx, func(tx *store.Tx) error {
+			created, used = created[:0], 0
+			if err := lockProjectQuota(ctx, tx, c.ProjectID); err != nil {
+				return err
+			}
+			quota, err := s.quotaFor(ctx, tx, c.ProjectID)
+			if err != nil {
+				return err
+			}
+			if quota.MetadataItems >= 0 && len(req.Metadata) > quota.MetadataItems {
+				return metadataOverLimit(quota.MetadataItems)
+			}
+			insts, cores, ram, err := s.projectUsage(ctx, tx, c.ProjectID)
+			if err != nil {
+				return err
+			}
+			count, err := fitQuota(quota, insts, cores, ram, flavor, req.MinCount, req.MaxCount)
+			if err != nil {
+				return err
+			}
+			noHost := min(count, len(claims)) < req.MinCount
+			if !noHost {
+				count = min(count, len(claims))
+				used = count
+			}
+			now := s.now()
+			var build []string
+			for i := 0; i < count; i++ {
+				id := newUUID()
+				name, hostname := req.Name, req.Hostname
+				if count > 1 {
+					name = fmt.Sprintf("%s-%d", req.Name, i+1)
+				}
+				if hostname == "" {
+					hostname = sanitizeHostname(name)
+				}
+				sv := &server{
+					ID: id, ProjectID: c.ProjectID, UserID: c.UserID, Name: name,
+					VMState: vmBuilding, TaskState: taskSpawning, FlavorID: flavor.ID, ImageRef: req.ImageRef,
+					ReservationID: rid, LaunchIndex: i, AZ: req.AZ, KeyName: req.KeyName, Hostname: hostname,
+					Tags: append([]string{}, req.Tags...), VCPUs: snap.VCPUs, MemoryMB: snap.RAM, DiskGB: snap.diskGB(),
+					CreatedAt: now, UpdatedAt: now,
+					Doc: serverDoc{Flavor: snap, Metadata: req.Metadata, Description: req.Description,
+						AccessIPv4: req.AccessIPv4, AccessIPv6: canonicalIP(req.AccessIPv6), ConfigDrive: req.ConfigDrive,
+						DiskConfig: req.DiskConfig, UserData: req.UserData, SecurityGroups: sgs, AdminPass: req.AdminPass,
+						PinnedAZ: pinned, RequestedHost: req.Host, OSType: img.Properties["os_type"], RequestID: api.RequestID(ctx),
+						InstanceName: "instance-" + strings.ReplaceAll(id, "-", "")[:8], TaskID: newUUID(),
+						Group:        req.Hints.Group, SameHost: req.Hints.SameHost, DifferentHost: req.Hints.DifferentHost},
+				}
+				if kp != nil {
+					sv.Doc.PublicKey = kp.PublicKey
+				}
+				if noHost {
+					sv.VMState, sv.TaskState = vmError, ""
+					sv.Doc.Fault = &faultDoc{Code: 500, Message: errNoValidHost.Error(), Details: errNoValidHost.Error(), Created: now}
+				} else {
+					sv.Host, sv.AZ = claims[i].Host, zones[claims[i].Host]
+				}
+				if err := s.insertServer(ctx, tx, sv); err != nil {
+					return err
+				}
+				if req.Hints.Group != "" {
+					if err := s.addGroupMember(ctx, tx, req.Hints.Group, id); err != nil {
+						return err
+					}
+				}
+				if err := s.recordAction(ctx, tx, id, "create"); err != nil {
+					return err
+				}
+				if noHost {
+					if err := s.finishAction(ctx, tx, id, sv.Doc.RequestID, "conductor_schedule_and_build_instances", "", now, errNoValidHost); err != nil {
+						return err
+					}
+					created = append(created, sv)
+					continue
+				}
+				if err := writeClaim(ctx, tx, id, claims[i], now); err != nil {
+					return err
+				}
+				for j, n := range nets {
+					portID := n.portID
+					if portID != "" {
+						if err := s.networks.BindPort(ctx, tx, portID, id); err != nil {
+							return err
+						}
+					} else {
+						p, err := s.networks.CreateServerPort(ctx, tx, c.ProjectID, n.networkID, id, n.fixedIP, sgs)
+						if err != nil {
+							return err
+						}
+						portID = p.ID
+					}
+					if j == 0 && publicIP {
+						if _, err := s.networks.AttachPublicIP(ctx, tx, c.ProjectID, id, portID); err != nil {
+							return err
+						}
+					}
+				}
+				created = append(created, sv)
+				build = append(build, id)
+			}
+			s.enqueueAfter(tx, build...)
+			return nil
+		})
+		if err == nil {
+			releaseAll(st, claims[used:])
+			s.keepAll(st, claims[:used])
+			break
+		}
+		releaseAll(st, claims)
+		if !errors.Is(err, errClaimConflict) || attempt >= placeAttempts {
+			return nil, err
+		}
+		if _, err := s.reloadSched(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if req.ReturnReservation {
 		return api.JSON(http.StatusAccepted, map[string]any{"reservation_id": rid}), nil

@@ -15,6 +15,7 @@ import (
 	"nimbus/internal/identity"
 	"nimbus/internal/image"
 	"nimbus/internal/network"
+	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
 )
 
@@ -31,6 +32,7 @@ type Service struct {
 	queue    *workQueue // reconcile loop work (servers half)
 	docs     docCache   // decoded server documents for lists (servers half)
 	hosts    hostCache  // schedulable hosts, read on every placement
+	sched    schedView  // the scheduler's snapshot of hosts and claims
 }
 
 // Deps are the compute service's collaborators.
@@ -42,7 +44,10 @@ type Deps struct {
 	Identity *identity.Service
 	// Billing, when set, is asked before creates and unshelves.
 	Billing SpendGate
-	Log     *slog.Logger
+	// Scheduler is how hosts are chosen (weigher, GPU hosts kept for GPU
+	// flavors); the zero value spreads and keeps GPU hosts.
+	Scheduler *scheduler.Policy
+	Log       *slog.Logger
 }
 
 // New makes the compute service.
@@ -51,8 +56,13 @@ func New(d Deps) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
+	policy := scheduler.Policy{Weigher: "spread", KeepGPUHosts: true}
+	if d.Scheduler != nil {
+		policy = *d.Scheduler
+	}
 	return &Service{
-		db: d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, identity: d.Identity, gate: d.Billing, log: log,
+		sched: schedView{policy: policy},
+		db:    d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, identity: d.Identity, gate: d.Billing, log: log,
 		now:   func() time.Time { return time.Now().UTC() },
 		queue: newWorkQueue(),
 	}

@@ -108,6 +108,7 @@ func New(cfg Config) (*Driver, error) {
 		if h.UptimeSince == 0 {
 			h.UptimeSince = now
 		}
+		h.Normalize()
 		d.hosts = append(d.hosts, h)
 	}
 	if cfg.StateFile != "" {
@@ -125,29 +126,61 @@ func New(cfg Config) (*Driver, error) {
 }
 
 // DefaultFleet is the fleet a new install gets: four general hosts and one
-// GPU host in zone "nova".
+// GPU host in zone "nova". Each is a two-socket machine whose first core on
+// each socket is kept for the host: 64 pCPUs for servers on the general
+// hosts, 96 on the GPU host.
 func DefaultFleet() []driver.Host {
 	var hosts []driver.Host
 	for i := 1; i <= 4; i++ {
-		hosts = append(hosts, driver.Host{
+		h := driver.Host{
 			Name: fmt.Sprintf("fake-host-%d", i), IP: fmt.Sprintf("192.0.2.%d", 10+i),
-			VCPUs: 64, MemoryMB: 256 * 1024, DiskGB: 4000, Zone: "nova",
+			MemoryMB: 256 * 1024, DiskGB: 4000, Zone: "nova",
 			Hypervisor: "fake", Version: 1000, Up: true,
-		})
+		}
+		Topology(&h, 2, 17, 1)
+		hosts = append(hosts, h)
 	}
 	gpu := driver.Host{
-		Name: "fake-gpu-host-1", IP: "192.0.2.21", VCPUs: 96, MemoryMB: 512 * 1024, DiskGB: 8000,
+		Name: "fake-gpu-host-1", IP: "192.0.2.21", MemoryMB: 512 * 1024, DiskGB: 8000,
 		Zone: "nova", Hypervisor: "fake", Version: 1000, Up: true,
 	}
+	Topology(&gpu, 2, 25, 1)
 	for i := 0; i < 4; i++ {
 		gpu.GPUs = append(gpu.GPUs, driver.GPU{Address: fmt.Sprintf("0000:%02x:00.0", 0x3b+i), Vendor: "NVIDIA",
-			Model: "A100 80GB", NUMA: i / 2})
+			Model: "A100 80GB", NUMA: i / 2, VendorID: "10de", DeviceID: "20b5", IOMMUGroup: 30 + i, Driver: "vfio-pci"})
 	}
 	for i := 0; i < 2; i++ {
 		gpu.GPUs = append(gpu.GPUs, driver.GPU{Address: fmt.Sprintf("0000:%02x:00.0", 0x86+i), Vendor: "NVIDIA",
-			Model: "L4", NUMA: 1})
+			Model: "L4", NUMA: 1, VendorID: "10de", DeviceID: "27b8", IOMMUGroup: 40 + i, Driver: "vfio-pci"})
 	}
 	return append(hosts, gpu)
+}
+
+// Topology gives h the CPUs of a machine with sockets of cores of two
+// threads, one NUMA node per socket, numbered as Linux numbers Intel's
+// (thread siblings N and N+sockets*cores), and reserves the first reserved
+// cores of each socket for the host. Memory is split evenly by node.
+func Topology(h *driver.Host, sockets, cores, reserved int) {
+	h.CPUs, h.ReservedCPUs, h.NUMANodes = nil, nil, nil
+	half := sockets * cores
+	for t := 0; t < 2; t++ {
+		for s := 0; s < sockets; s++ {
+			for c := 0; c < cores; c++ {
+				id := t*half + s*cores + c
+				first := s*cores + c
+				h.CPUs = append(h.CPUs, driver.CPU{ID: id, Core: c, Socket: s, NUMA: s, Siblings: []int{first, first + half}})
+				if c < reserved {
+					h.ReservedCPUs = append(h.ReservedCPUs, id)
+				}
+			}
+		}
+	}
+	sort.Slice(h.CPUs, func(i, j int) bool { return h.CPUs[i].ID < h.CPUs[j].ID })
+	sort.Ints(h.ReservedCPUs)
+	for s := 0; s < sockets; s++ {
+		h.NUMANodes = append(h.NUMANodes, driver.NUMANode{ID: s, MemoryMB: h.MemoryMB / sockets})
+	}
+	h.Normalize()
 }
 
 // LoadFleet reads a fleet description (a JSON list of hosts) from a file.
@@ -170,6 +203,7 @@ func LoadFleet(path string) ([]driver.Host, error) {
 		if _, ok := raw[i]["up"]; !ok {
 			hosts[i].Up = true
 		}
+		hosts[i].Normalize()
 		h := hosts[i]
 		if h.Name == "" {
 			return nil, fmt.Errorf("fake: fleet %s: host %d has no name", path, i+1)
@@ -179,7 +213,7 @@ func LoadFleet(path string) ([]driver.Host, error) {
 		}
 		seen[h.Name] = true
 		if h.VCPUs <= 0 || h.MemoryMB <= 0 || h.DiskGB < 0 {
-			return nil, fmt.Errorf("fake: fleet %s: host %q needs vcpus and memory_mb", path, h.Name)
+			return nil, fmt.Errorf("fake: fleet %s: host %q needs vcpus (or cpus) and memory_mb (or numa_nodes)", path, h.Name)
 		}
 	}
 	return hosts, nil

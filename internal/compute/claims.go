@@ -1,0 +1,733 @@
+package compute
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"nimbus/internal/driver"
+	"nimbus/internal/scheduler"
+	"nimbus/internal/store"
+)
+
+// Placement claims: the scheduler (internal/scheduler) decides on an
+// in-memory snapshot of the fleet, and the transaction that places a server
+// writes its claim here, where the store re-checks every pCPU, GPU, MiB and
+// GiB it takes (migration 0012). A claim refused by the store means the
+// snapshot was stale (another controller placed there): the snapshot is
+// reloaded and placement looks again.
+
+// errClaimConflict is a claim the store refused.
+var errClaimConflict = errors.New("compute: placement claim conflicts with the store")
+
+// resizeSourceKey is the key under which a resizing server's old claim is
+// held until the resize is confirmed or reverted, as Nova keeps the source
+// allocation on the migration record.
+func resizeSourceKey(serverID string) string { return serverID + "/resize-source" }
+
+func cpuItem(id int) string      { return "cpu:" + strconv.Itoa(id) }
+func gpuItem(addr string) string { return "gpu:" + addr }
+
+// diskNode is compute_host_capacity's node for the local disk pool.
+const diskNode = -1
+
+// writeClaim records claim c under key in tx, re-checking each item: a pCPU
+// or GPU already held, or a node's memory or the disk pool that would go
+// over, is errClaimConflict.
+func writeClaim(ctx context.Context, tx *store.Tx, key string, c scheduler.Claim, now time.Time) error {
+	cells, gpus := store.JSON(c.Cells), store.JSON(append([]string{}, c.GPUs...))
+	if _, err := tx.Exec(ctx, `INSERT INTO compute_claims (server_id, host, cells, gpus, disk_gb, created_at) VALUES (?,?,?,?,?,?)`,
+		key, c.Host, cells, gpus, c.DiskGB, store.FormatTime(now)); err != nil {
+		return conflictAs(err)
+	}
+	var items []string
+	for _, id := range c.CPUs() {
+		items = append(items, cpuItem(id))
+	}
+	for _, g := range c.GPUs {
+		items = append(items, gpuItem(g))
+	}
+	// One statement per 300 items keeps under every engine's parameter cap.
+	for len(items) > 0 {
+		n := min(len(items), 300)
+		var b strings.Builder
+		args := make([]any, 0, 3*n)
+		b.WriteString("INSERT INTO compute_claim_items (host, item, server_id) VALUES ")
+		for i, it := range items[:n] {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			b.WriteString("(?,?,?)")
+			args = append(args, c.Host, it, key)
+		}
+		if _, err := tx.Exec(ctx, b.String(), args...); err != nil {
+			return conflictAs(err)
+		}
+		items = items[n:]
+	}
+	take := func(node, amount int) error {
+		if amount == 0 {
+			return nil
+		}
+		res, err := tx.Exec(ctx, `UPDATE compute_host_capacity SET used = used + ? WHERE host = ? AND node = ? AND used + ? <= total`,
+			amount, c.Host, node, amount)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("%w: %s node %d has no room for %d more", errClaimConflict, c.Host, node, amount)
+		}
+		return nil
+	}
+	for _, cell := range c.Cells {
+		if err := take(cell.Node, cell.MemoryMB); err != nil {
+			return err
+		}
+	}
+	return take(diskNode, c.DiskGB)
+}
+
+func conflictAs(err error) error {
+	if errors.Is(err, store.ErrConflict) {
+		return fmt.Errorf("%w: %v", errClaimConflict, err)
+	}
+	return err
+}
+
+// loadClaim reads the claim stored under key; ok is false when there is none.
+func loadClaim(ctx context.Context, q store.Querier, key string) (c scheduler.Claim, ok bool, err error) {
+	var cells, gpus string
+	err = q.QueryRow(ctx, `SELECT host, cells, gpus, disk_gb FROM compute_claims WHERE server_id = ?`, key).
+		Scan(&c.Host, &cells, &gpus, &c.DiskGB)
+	if store.IsNoRows(err) {
+		return c, false, nil
+	}
+	if err != nil {
+		return c, false, err
+	}
+	if err := decodeClaim(&c, cells, gpus); err != nil {
+		return c, false, err
+	}
+	return c, true, nil
+}
+
+func decodeClaim(c *scheduler.Claim, cells, gpus string) error {
+	if err := store.FromJSON(cells, &c.Cells); err != nil {
+		return err
+	}
+	return store.FromJSON(gpus, &c.GPUs)
+}
+
+// dropClaim removes the claim under key in tx, giving its pCPUs, GPUs,
+// memory and disk back; the scheduler's snapshot frees it once tx commits.
+func (s *Service) dropClaim(ctx context.Context, tx *store.Tx, key string) error {
+	c, ok, err := loadClaim(ctx, tx, key)
+	if err != nil || !ok {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM compute_claim_items WHERE server_id = ?`, key); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM compute_claims WHERE server_id = ?`, key); err != nil {
+		return err
+	}
+	give := func(node, amount int) error {
+		if amount == 0 {
+			return nil
+		}
+		_, err := tx.Exec(ctx, `UPDATE compute_host_capacity SET used = used - ? WHERE host = ? AND node = ?`, amount, c.Host, node)
+		return err
+	}
+	for _, cell := range c.Cells {
+		if err := give(cell.Node, cell.MemoryMB); err != nil {
+			return err
+		}
+	}
+	if err := give(diskNode, c.DiskGB); err != nil {
+		return err
+	}
+	tx.AfterCommit(func() {
+		if st := s.sched.state.Load(); st != nil {
+			st.Release(c)
+		}
+	})
+	return nil
+}
+
+// moveClaim re-keys a stored claim (a resize's source and back).
+func moveClaim(ctx context.Context, tx *store.Tx, from, to string) error {
+	if _, err := tx.Exec(ctx, `UPDATE compute_claims SET server_id = ? WHERE server_id = ?`, to, from); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `UPDATE compute_claim_items SET server_id = ? WHERE server_id = ?`, to, from)
+	return err
+}
+
+// releaseServer drops every claim a server holds (its own and a resize's
+// source), for delete, shelve-offload and a build that failed.
+func (s *Service) releaseServer(ctx context.Context, tx *store.Tx, serverID string) error {
+	if err := s.dropClaim(ctx, tx, serverID); err != nil {
+		return err
+	}
+	return s.dropClaim(ctx, tx, resizeSourceKey(serverID))
+}
+
+// schedView is the compute service's scheduler snapshot and what it was
+// built from.
+type schedView struct {
+	policy scheduler.Policy
+	state  atomic.Pointer[scheduler.State]
+
+	mu       sync.Mutex // serialises loads and host refreshes
+	loadedAt time.Time
+	hostKeys map[string]uint64 // what SetHost was last given, per host
+	hostGen  uint64            // enabledHosts cache generation last applied
+	hostAt   time.Time
+}
+
+// schedResync bounds how long the snapshot goes without a full reload from
+// the store; other controllers' releases are seen within it (their claims
+// are seen at once, through conflicts).
+const schedResync = 60 * time.Second
+
+// schedState returns the scheduler's snapshot, loading it on first use and
+// refreshing its hosts when the fleet or the services changed.
+func (s *Service) schedState(ctx context.Context) (*scheduler.State, error) {
+	v := &s.sched
+	st := v.state.Load()
+	now := s.now()
+	if st != nil && now.Sub(v.loadedAt) < schedResync {
+		if v.hostGen == s.hosts.gen.Load() && now.Sub(v.hostAt) < hostCacheTTL {
+			return st, nil
+		}
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		if err := s.refreshSchedHosts(ctx, st, false); err != nil {
+			return nil, err
+		}
+		return st, nil
+	}
+	return s.reloadSched(ctx)
+}
+
+// reloadSched builds a fresh snapshot from the store: every host, then
+// every claim.
+func (s *Service) reloadSched(ctx context.Context) (*scheduler.State, error) {
+	v := &s.sched
+	asked := s.now()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if st := v.state.Load(); st != nil && !v.loadedAt.Before(asked) {
+		return st, nil // loaded by another caller while this one waited
+	}
+	st := scheduler.New(v.policy)
+	v.hostKeys = map[string]uint64{}
+	if err := s.refreshSchedHosts(ctx, st, true); err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, `SELECT server_id, host, cells, gpus, disk_gb FROM compute_claims`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key, cells, gpus string
+		var c scheduler.Claim
+		if err := rows.Scan(&key, &c.Host, &cells, &gpus, &c.DiskGB); err != nil {
+			return nil, err
+		}
+		if err := decodeClaim(&c, cells, gpus); err != nil {
+			return nil, err
+		}
+		if err := st.Apply(c); err != nil && st.HasHost(c.Host) {
+			s.log.Warn("scheduler: stored claim does not fit its host", "claim", key, "host", c.Host, "error", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	v.loadedAt = s.now()
+	v.state.Store(st)
+	return st, nil
+}
+
+// refreshSchedHosts gives st every host of the fleet with its zone and
+// whether it takes new servers, and makes sure the store has each host's
+// capacity rows. Called with s.sched.mu held.
+func (s *Service) refreshSchedHosts(ctx context.Context, st *scheduler.State, all bool) error {
+	v := &s.sched
+	gen := s.hosts.gen.Load()
+	hosts, err := s.driver.Hosts(ctx)
+	if err != nil {
+		return err
+	}
+	enabled, err := s.enabledHosts(ctx)
+	if err != nil {
+		return err
+	}
+	zones, err := s.hostZones(ctx)
+	if err != nil {
+		return err
+	}
+	ok := make(map[string]bool, len(enabled))
+	for _, h := range enabled {
+		ok[h.Name] = true
+	}
+	seen := make(map[string]bool, len(hosts))
+	var changed []driver.Host
+	for _, h := range hosts {
+		h.Normalize()
+		seen[h.Name] = true
+		zone := zones[h.Name]
+		if zone == "" {
+			zone = hostZone(h)
+		}
+		key := hostKey(h, zone, ok[h.Name])
+		if !all && v.hostKeys[h.Name] == key {
+			continue
+		}
+		if v.hostKeys[h.Name]>>1 != key>>1 || all {
+			changed = append(changed, h) // inventory or zone changed, not just the flag
+		}
+		v.hostKeys[h.Name] = key
+		st.SetHost(h, zone, ok[h.Name])
+	}
+	for name := range v.hostKeys {
+		if !seen[name] {
+			delete(v.hostKeys, name)
+			st.SetSchedulable(name, false)
+		}
+	}
+	if len(changed) > 0 {
+		if err := s.syncCapacity(ctx, changed); err != nil {
+			return err
+		}
+	}
+	v.hostGen, v.hostAt = gen, s.now()
+	return nil
+}
+
+// hostKey fingerprints what the scheduler is told of a host; its lowest bit
+// is the schedulable flag.
+func hostKey(h driver.Host, zone string, schedulable bool) uint64 {
+	b := make([]byte, 0, 64+len(h.CPUs)*16)
+	num := func(n int) { b = strconv.AppendInt(append(b, ','), int64(n), 10) }
+	str := func(s string) { b = append(append(b, '|'), s...) }
+	str(h.Name)
+	str(zone)
+	num(h.DiskGB)
+	for _, r := range h.ReservedCPUs {
+		num(r)
+	}
+	for _, n := range h.NUMANodes {
+		num(n.ID)
+		num(n.MemoryMB)
+	}
+	for _, c := range h.CPUs {
+		num(c.ID)
+		num(c.NUMA)
+		num(c.Core)
+		num(c.Socket)
+	}
+	for _, g := range h.GPUs {
+		str(g.Address)
+		str(g.Model)
+		num(g.NUMA)
+	}
+	f := fnv.New64a()
+	f.Write(b)
+	k := f.Sum64() &^ 1
+	if schedulable {
+		k |= 1
+	}
+	return k
+}
+
+// syncCapacity sets the store's capacity totals of hosts (memory per NUMA
+// node, the disk pool), keeping what is used.
+func (s *Service) syncCapacity(ctx context.Context, hosts []driver.Host) error {
+	return s.db.Tx(ctx, func(tx *store.Tx) error {
+		for _, h := range hosts {
+			put := func(node, total int) error {
+				_, err := tx.Exec(ctx, `INSERT INTO compute_host_capacity (host, node, total, used) VALUES (?,?,?,0)
+ ON CONFLICT (host, node) DO UPDATE SET total = excluded.total`, h.Name, node, total)
+				return err
+			}
+			for _, n := range h.NUMANodes {
+				if err := put(n.ID, n.MemoryMB); err != nil {
+					return err
+				}
+			}
+			if err := put(diskNode, h.DiskGB); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// placeRequest is what placement needs to know of a server beyond its
+// flavor: where it must or must not go.
+type placeRequest struct {
+	zone          string
+	host          string   // an admin's requested host
+	group         string   // server group id
+	sameHost      []string // server ids
+	differentHost []string // server ids
+}
+
+func placeRequestOf(sv *server) placeRequest {
+	p := placeRequest{host: sv.Doc.RequestedHost, group: sv.Doc.Group,
+		sameHost: sv.Doc.SameHost, differentHost: sv.Doc.DifferentHost}
+	if sv.Doc.PinnedAZ != nil {
+		p.zone = *sv.Doc.PinnedAZ
+	}
+	return p
+}
+
+// flavorRequest turns a flavor into what the scheduler places: dedicated
+// vCPUs, RAM, the local disk (a network disk comes from the block storage
+// pool, not the host), GPUs by model, and NUMA wishes.
+func flavorRequest(f flavorSnap) scheduler.Request {
+	req := scheduler.Request{VCPUs: f.VCPUs, MemoryMB: f.RAM}
+	if f.ExtraSpecs["nimbus:disk_type"] != "network" {
+		req.DiskGB = f.diskGB()
+	}
+	if model := f.ExtraSpecs["nimbus:gpu_model"]; model != "" {
+		req.GPUModel, req.GPUs = model, gpuCount(f.ExtraSpecs["pci_passthrough:alias"])
+	}
+	if n, err := strconv.Atoi(f.ExtraSpecs["hw:numa_nodes"]); err == nil && n > 0 {
+		req.NUMANodes = n
+	}
+	return req
+}
+
+// gpuCount is how many devices a pci_passthrough:alias asks for
+// ("a100-80gb:2", "l4" = 1, lists summed).
+func gpuCount(alias string) int {
+	if alias == "" {
+		return 0
+	}
+	n := 0
+	for _, part := range strings.Split(alias, ",") {
+		c := 1
+		if i := strings.LastIndexByte(part, ':'); i >= 0 {
+			if v, err := strconv.Atoi(part[i+1:]); err == nil {
+				c = v
+			}
+		}
+		n += c
+	}
+	return max(n, 1)
+}
+
+// groupRule is a server group's policy as placement applies it to a
+// batch: the hosts of its members so far.
+type groupRule struct {
+	policy     string
+	maxPerHost int
+	hosts      map[string]int
+}
+
+// constraints resolves a placeRequest against the store: the hosts of the
+// servers named in hints and of the group's members.
+func (s *Service) constraints(ctx context.Context, p placeRequest) (base scheduler.Request, rule *groupRule, err error) {
+	base.Zone = p.zone
+	if p.host != "" {
+		base.OnlyHosts = []string{p.host}
+	}
+	hostsOf := func(ids []string) ([]string, error) {
+		var out []string
+		for _, id := range ids {
+			var h string
+			err := s.db.QueryRow(ctx, `SELECT host FROM compute_servers WHERE id = ? AND deleted = 0`, id).Scan(&h)
+			if err != nil && !store.IsNoRows(err) {
+				return nil, err
+			}
+			if h != "" {
+				out = append(out, h)
+			}
+		}
+		return out, nil
+	}
+	if len(p.sameHost) > 0 {
+		hs, err := hostsOf(p.sameHost)
+		if err != nil {
+			return base, nil, err
+		}
+		if base.OnlyHosts != nil {
+			hs = intersect(hs, base.OnlyHosts)
+		}
+		base.OnlyHosts = append([]string{}, hs...)
+	}
+	if len(p.differentHost) > 0 {
+		hs, err := hostsOf(p.differentHost)
+		if err != nil {
+			return base, nil, err
+		}
+		base.AvoidHosts = append(base.AvoidHosts, hs...)
+	}
+	if p.group != "" {
+		policy, maxPer, hosts, err := s.groupPlacement(ctx, s.db, p.group)
+		if err != nil {
+			return base, nil, err
+		}
+		rule = &groupRule{policy: policy, maxPerHost: maxPer, hosts: hosts}
+	}
+	return base, rule, nil
+}
+
+func intersect(a, b []string) []string {
+	var out []string
+	for _, x := range a {
+		for _, y := range b {
+			if x == y {
+				out = append(out, x)
+				break
+			}
+		}
+	}
+	if out == nil {
+		out = []string{}
+	}
+	return out
+}
+
+// withGroup narrows req by a group's policy given where its members are
+// (nova's ServerGroupAffinityFilter, ServerGroupAntiAffinityFilter and the
+// soft weighers).
+func withGroup(req scheduler.Request, g *groupRule) scheduler.Request {
+	if g == nil {
+		return req
+	}
+	switch g.policy {
+	case "affinity":
+		if len(g.hosts) > 0 {
+			var hs []string
+			for h := range g.hosts {
+				hs = append(hs, h)
+			}
+			sort.Strings(hs)
+			if req.OnlyHosts != nil {
+				hs = intersect(hs, req.OnlyHosts)
+			}
+			req.OnlyHosts = hs
+		}
+	case "anti-affinity":
+		limit := max(g.maxPerHost, 1)
+		avoid := append([]string{}, req.AvoidHosts...)
+		for h, n := range g.hosts {
+			if n >= limit {
+				avoid = append(avoid, h)
+			}
+		}
+		req.AvoidHosts = avoid
+	case "soft-affinity":
+		req.Prefer = g.hosts
+	case "soft-anti-affinity":
+		req.Shun = g.hosts
+	}
+	return req
+}
+
+// reserveBatch reserves up to n claims of req in st, one after another so
+// that a group's policy sees the batch's own members. It stops at the first
+// server that does not fit.
+func reserveBatch(st *scheduler.State, req scheduler.Request, rule *groupRule, n int) []scheduler.Claim {
+	var local *groupRule
+	if rule != nil {
+		local = &groupRule{policy: rule.policy, maxPerHost: rule.maxPerHost, hosts: map[string]int{}}
+		for h, c := range rule.hosts {
+			local.hosts[h] = c
+		}
+	}
+	var out []scheduler.Claim
+	for len(out) < n {
+		c, err := st.Reserve(withGroup(req, local))
+		if err != nil {
+			break
+		}
+		out = append(out, c)
+		if local != nil {
+			local.hosts[c.Host]++
+		}
+	}
+	return out
+}
+
+// keepAll makes sure claims committed on the snapshot st are in the current
+// one: a reload between the reservation and the commit read the store
+// without them.
+func (s *Service) keepAll(st *scheduler.State, claims []scheduler.Claim) {
+	cur := s.sched.state.Load()
+	if cur == nil || cur == st {
+		return
+	}
+	for _, c := range claims {
+		_ = cur.Apply(c) // a conflict means the reload already saw it
+	}
+}
+
+func releaseAll(st *scheduler.State, claims []scheduler.Claim) {
+	for _, c := range claims {
+		st.Release(c)
+	}
+}
+
+// placeAttempts bounds how often a placement looks again after the store
+// refused its claim or nothing fitted a stale snapshot.
+const placeAttempts = 6
+
+// errStaleTask ends a placement whose server moved on meanwhile (a delete
+// during a build): nothing is written.
+var errStaleTask = errors.New("compute: the server's task changed")
+
+// placeOne places one existing server (a build left in scheduling by an
+// older version, an unshelve) while it still has task: in one transaction
+// it writes the claim and lets apply record the placement on the server.
+// errNoValidHost when nothing fits.
+func (s *Service) placeOne(ctx context.Context, sv *server, task string, apply func(tx *store.Tx, cur *server, c scheduler.Claim) error) error {
+	base, rule, err := s.constraints(ctx, placeRequestOf(sv))
+	if err != nil {
+		return err
+	}
+	req := flavorRequest(sv.Doc.Flavor)
+	req.Zone, req.OnlyHosts, req.AvoidHosts = base.Zone, base.OnlyHosts, base.AvoidHosts
+	for attempt := 0; ; attempt++ {
+		st, err := s.schedState(ctx)
+		if err != nil {
+			return err
+		}
+		claims := reserveBatch(st, req, rule, 1)
+		if len(claims) == 0 {
+			if attempt == 0 {
+				// The snapshot may hold what another controller freed.
+				if _, err := s.reloadSched(ctx); err != nil {
+					return err
+				}
+				continue
+			}
+			return errNoValidHost
+		}
+		c := claims[0]
+		var written *server
+		err = s.db.Tx(ctx, func(tx *store.Tx) error {
+			written = nil
+			cur, err := s.loadServer(ctx, tx, sv.ID, true)
+			if err != nil {
+				return err
+			}
+			if cur.TaskState != task || cur.Deleted {
+				return errStaleTask
+			}
+			if err := writeClaim(ctx, tx, sv.ID, c, s.now()); err != nil {
+				return err
+			}
+			if err := apply(tx, cur, c); err != nil {
+				return err
+			}
+			written = cur
+			return nil
+		})
+		if err == nil {
+			s.keepAll(st, claims)
+			s.queue.fresh.Store(sv.ID, written)
+			return nil
+		}
+		st.Release(c)
+		if errors.Is(err, errStaleTask) {
+			return nil
+		}
+		if !errors.Is(err, errClaimConflict) || attempt >= placeAttempts {
+			return err
+		}
+		if _, err := s.reloadSched(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// backfillClaims gives a claim to every placed server that has none (a
+// database from before claims existed): each is pinned on the host it is
+// on. A server that no longer fits its host keeps running unclaimed, and
+// is logged.
+func (s *Service) backfillClaims(ctx context.Context) error {
+	rows, err := s.db.Query(ctx, `SELECT id FROM compute_servers WHERE deleted = 0 AND host <> ''
+ AND id NOT IN (SELECT server_id FROM compute_claims)`)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	// Loading the snapshot now also spares the first creates the wait.
+	st, err := s.schedState(ctx)
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	for _, id := range ids {
+		sv, err := s.loadServer(ctx, s.db, id, false)
+		if err != nil {
+			return err
+		}
+		req := flavorRequest(sv.Doc.Flavor)
+		req.OnlyHosts = []string{sv.Host}
+		c, err := st.Reserve(req)
+		if err != nil {
+			s.log.Warn("scheduler: a placed server does not fit its host; left unclaimed", "server", id, "host", sv.Host)
+			continue
+		}
+		err = s.db.Tx(ctx, func(tx *store.Tx) error { return writeClaim(ctx, tx, id, c, s.now()) })
+		if err != nil {
+			st.Release(c)
+			s.log.Warn("scheduler: claim backfill failed", "server", id, "error", err)
+		}
+	}
+	return nil
+}
+
+// zonesOf gives the availability zone of each claim's host, as Nova records
+// the zone of the host a server lands on.
+func (s *Service) zonesOf(ctx context.Context, claims []scheduler.Claim) (map[string]string, error) {
+	out := map[string]string{}
+	if len(claims) == 0 {
+		return out, nil
+	}
+	hosts, err := s.enabledHosts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	zones, err := s.hostZones(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range claims {
+		if _, ok := out[c.Host]; ok {
+			continue
+		}
+		out[c.Host] = zones[c.Host]
+		if out[c.Host] == "" {
+			out[c.Host] = "nova"
+			for _, h := range hosts {
+				if h.Name == c.Host {
+					out[c.Host] = hostZone(h)
+				}
+			}
+		}
+	}
+	return out, nil
+}

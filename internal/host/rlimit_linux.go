@@ -1,0 +1,6 @@
+//go:build linux && !mips && !mipsle && !mips64 && !mips64le
+
+package host
+
+// rlimitMemlock is RLIMIT_MEMLOCK, which package syscall does not define.
+const rlimitMemlock = 8
