@@ -714,7 +714,7 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 						DiskConfig: req.DiskConfig, UserData: req.UserData, SecurityGroups: sgs, AdminPass: req.AdminPass,
 						PinnedAZ: pinned, RequestedHost: req.Host, OSType: img.Properties["os_type"], RequestID: api.RequestID(ctx),
 						InstanceName: "instance-" + strings.ReplaceAll(id, "-", "")[:8], TaskID: newUUID(),
-						Group:        req.Hints.Group, SameHost: req.Hints.SameHost, DifferentHost: req.Hints.DifferentHost},
+						Group: req.Hints.Group, SameHost: req.Hints.SameHost, DifferentHost: req.Hints.DifferentHost},
 				}
 				if kp != nil {
 					sv.Doc.PublicKey = kp.PublicKey
