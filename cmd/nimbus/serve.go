@@ -14,6 +14,7 @@ import (
 	"nimbus/internal/billing"
 	"nimbus/internal/cloud"
 	"nimbus/internal/driver/fake"
+	"nimbus/internal/scheduler"
 )
 
 func defaultDataDir() string {
@@ -55,8 +56,15 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.Billing.PresentationRate, "billing-presentation-rate", "0.011", "major units of the presentation currency per major unit of the billing currency")
 	testPayments := fs.Bool("billing-test-payments", true, "offer the simulated payment providers (test, webhook-test); turn off in production")
 	fs.Int64Var(&cfg.DemoCredit, "demo-credit", 100000, "the demo project's welcome credit on first start, in minor units")
+	weigher := fs.String("scheduler-weigher", "spread", "how hosts are chosen: spread (even load) or pack (fill hosts, keep whole hosts free)")
+	keepGPU := fs.Bool("scheduler-keep-gpu-hosts", true, "keep GPU hosts for GPU flavors: other servers go there only when nothing else fits")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Parse(args)
+	policy, err := scheduler.ParsePolicy(*weigher, *keepGPU)
+	if err != nil {
+		return fmt.Errorf("--scheduler-weigher: %w", err)
+	}
+	cfg.Scheduler = &policy
 	cfg.Billing.NoTestPayments = !*testPayments
 	if cfg.Billing.PresentationCurrency != "" {
 		if _, err := billing.ParseRate(cfg.Billing.PresentationRate); err != nil {

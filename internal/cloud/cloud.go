@@ -31,6 +31,7 @@ import (
 	"nimbus/internal/image"
 	"nimbus/internal/network"
 	"nimbus/internal/pki"
+	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
 )
 
@@ -69,7 +70,10 @@ type Config struct {
 	// DemoCredit is the demo project's welcome credit in minor units,
 	// given once (0: none).
 	DemoCredit int64
-	Log        *slog.Logger
+	// Scheduler is how hosts are chosen; nil spreads and keeps GPU hosts
+	// for GPU flavors.
+	Scheduler *scheduler.Policy
+	Log       *slog.Logger
 }
 
 // Cloud is a running controller.
@@ -193,7 +197,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		return nil, err
 	}
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks,
-		Identity: c.Identity, Billing: c.Billing, Log: cfg.Log})
+		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, Log: cfg.Log})
 	c.Billing.SetSuspender(c.Compute)
 
 	if err := c.bootstrap(ctx); err != nil {
