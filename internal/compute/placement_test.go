@@ -13,6 +13,7 @@ import (
 
 	"nimbus/internal/cloud"
 	"nimbus/internal/driver"
+	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
 	"nimbus/internal/testenv"
 )
@@ -41,9 +42,9 @@ func smallFleet() []driver.Host {
 // placementEnv is a cloud on smallFleet with two flavors: p2 (2 dedicated
 // vCPUs, 1 GiB, 10 GB local disk) and pg (the same with one L4), and a demo
 // quota that never stands in the way.
-func placementEnv(t *testing.T, dbURL string) *env {
+func placementEnv(t *testing.T, dbURL string, opts ...testenv.Options) *env {
 	t.Helper()
-	e := newEnv(t, dbURL, func(c *cloud.Config) { c.Fleet = smallFleet() })
+	e := newEnv(t, dbURL, append([]testenv.Options{func(c *cloud.Config) { c.Fleet = smallFleet() }}, opts...)...)
 	e.flavor("p2", 2, 1024, 10, map[string]string{"hw:cpu_policy": "dedicated", "nimbus:disk_type": "local"})
 	e.flavor("pg", 2, 1024, 10, map[string]string{"hw:cpu_policy": "dedicated", "nimbus:disk_type": "local",
 		"nimbus:gpu_model": "L4", "pci_passthrough:alias": "l4:1"})
@@ -533,6 +534,36 @@ func TestPlacementRules(t *testing.T) {
 		e.settle()
 		placementInvariants(t, e.c.DB, smallFleet())
 	})
+}
+
+// TestWeighers: spread puts two servers on two hosts, pack on one; both
+// keep the GPU host for GPU flavors while a plain host has room.
+func TestWeighers(t *testing.T) {
+	for _, tc := range []struct {
+		weigher   string
+		sameHost  bool
+		wantHosts int
+	}{{"spread", false, 2}, {"pack", true, 1}} {
+		t.Run(tc.weigher, func(t *testing.T) {
+			p, err := scheduler.ParsePolicy(tc.weigher, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := placementEnv(t, "", func(c *cloud.Config) { c.Scheduler = &p })
+			hosts := map[string]bool{}
+			for i := 0; i < 2; i++ {
+				id := e.createAs(e.demo, "p2", "")
+				h := e.server(id, e.admin, "2.96")["OS-EXT-SRV-ATTR:host"].(string)
+				if h == "gpu-1" {
+					t.Errorf("%s: a plain server went to the GPU host while plain hosts had room", tc.weigher)
+				}
+				hosts[h] = true
+			}
+			if len(hosts) != tc.wantHosts {
+				t.Errorf("%s: servers on %v, want %d host(s)", tc.weigher, hosts, tc.wantHosts)
+			}
+		})
+	}
 }
 
 // TestPlacementTwoControllers races creates through two controllers on one
