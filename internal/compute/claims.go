@@ -185,11 +185,14 @@ type schedView struct {
 	policy scheduler.Policy
 	state  atomic.Pointer[scheduler.State]
 
-	mu       sync.Mutex // serialises loads and host refreshes
-	loadedAt time.Time
-	hostKeys map[string]uint64 // what SetHost was last given, per host
-	hostGen  uint64            // enabledHosts cache generation last applied
-	hostAt   time.Time
+	mu       sync.Mutex        // serialises loads and host refreshes
+	hostKeys map[string]uint64 // what SetHost was last given, per host (under mu)
+	// Read without mu on every placement, so atomic: when the snapshot was
+	// loaded, and the enabledHosts cache generation and time its hosts
+	// were last refreshed from (unix nanoseconds).
+	loadedAt atomic.Int64
+	hostGen  atomic.Uint64
+	hostAt   atomic.Int64
 }
 
 // schedResync bounds how long the snapshot goes without a full reload from
@@ -202,9 +205,9 @@ const schedResync = 60 * time.Second
 func (s *Service) schedState(ctx context.Context) (*scheduler.State, error) {
 	v := &s.sched
 	st := v.state.Load()
-	now := s.now()
-	if st != nil && now.Sub(v.loadedAt) < schedResync {
-		if v.hostGen == s.hosts.gen.Load() && now.Sub(v.hostAt) < hostCacheTTL {
+	now := s.now().UnixNano()
+	if st != nil && now-v.loadedAt.Load() < int64(schedResync) {
+		if v.hostGen.Load() == s.hosts.gen.Load() && now-v.hostAt.Load() < int64(hostCacheTTL) {
 			return st, nil
 		}
 		v.mu.Lock()
@@ -221,10 +224,10 @@ func (s *Service) schedState(ctx context.Context) (*scheduler.State, error) {
 // every claim.
 func (s *Service) reloadSched(ctx context.Context) (*scheduler.State, error) {
 	v := &s.sched
-	asked := s.now()
+	asked := s.now().UnixNano()
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if st := v.state.Load(); st != nil && !v.loadedAt.Before(asked) {
+	if st := v.state.Load(); st != nil && v.loadedAt.Load() >= asked {
 		return st, nil // loaded by another caller while this one waited
 	}
 	st := scheduler.New(v.policy)
@@ -253,7 +256,7 @@ func (s *Service) reloadSched(ctx context.Context) (*scheduler.State, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	v.loadedAt = s.now()
+	v.loadedAt.Store(s.now().UnixNano())
 	v.state.Store(st)
 	return st, nil
 }
@@ -310,7 +313,8 @@ func (s *Service) refreshSchedHosts(ctx context.Context, st *scheduler.State, al
 			return err
 		}
 	}
-	v.hostGen, v.hostAt = gen, s.now()
+	v.hostGen.Store(gen)
+	v.hostAt.Store(s.now().UnixNano())
 	return nil
 }
 
