@@ -538,26 +538,19 @@ func (s *Service) aggregateAction(r *http.Request) (*api.Response, error) {
 	if err := api.DecodeJSON(r, &top); err != nil {
 		return nil, err
 	}
+	// wsgi.py action_peek: exactly one key, naming a known action.
+	if len(top) != 1 {
+		return nil, api.BadRequest("Malformed request body: too many body keys")
+	}
 	var action string
 	for k := range top {
-		if k == "add_host" || k == "remove_host" || k == "set_metadata" {
-			action = k
-		}
+		action = k
+	}
+	if action != "add_host" && action != "remove_host" && action != "set_metadata" {
+		return nil, api.BadRequest("There is no such action: %s", action)
 	}
 	if !callerAdmin(r) {
-		rule := action
-		if rule == "" {
-			rule = "set_metadata"
-		}
-		return nil, api.PolicyForbidden("os_compute_api:os-aggregates:" + rule)
-	}
-	if action == "" || len(top) != 1 {
-		keys := make([]string, 0, len(top))
-		for k := range top {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		return nil, api.BadRequest("There is no such action: %s", strings.Join(keys, ","))
+		return nil, api.PolicyForbidden("os_compute_api:os-aggregates:" + action)
 	}
 	var args map[string]json.RawMessage
 	if err := json.Unmarshal(top[action], &args); err != nil || args == nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,6 +120,8 @@ func TestAggregateViewsAndErrors(t *testing.T) {
 			{"update zone to null", "PUT", "/os-aggregates/" + id, `{"aggregate":{"availability_zone":null}}`, 400,
 				"Cannot update aggregate " + id + ". Reason: Aggregate a1 does not support empty named availability zone."},
 			{"unknown action", "POST", "/os-aggregates/" + id + "/action", `{"fly":{}}`, 400, "There is no such action: fly"},
+			{"two actions", "POST", "/os-aggregates/" + id + "/action", `{"add_host":{"host":"fake-host-1"},"remove_host":{"host":"fake-host-1"}}`, 400,
+				"Malformed request body: too many body keys"},
 			{"add unknown host", "POST", "/os-aggregates/" + id + "/action", `{"add_host":{"host":"nope"}}`, 404, "Compute host nope could not be found."},
 			{"add the controller", "POST", "/os-aggregates/" + id + "/action", `{"add_host":{"host":"` + ctrl + `"}}`, 404, "could not be found."},
 			{"add to unknown aggregate", "POST", "/os-aggregates/999/action", `{"add_host":{"host":"fake-host-1"}}`, 404, "Aggregate 999 could not be found."},
@@ -408,6 +411,43 @@ func TestAggregatesGophercloud(t *testing.T) {
 		}
 		if l, _ := aggregates.ExtractAggregates(lp); len(l) != 0 {
 			t.Errorf("after delete: %+v", l)
+		}
+	})
+}
+
+// TestAggregatesConcurrent creates aggregates at once: each gets its own
+// id, and of two with one name exactly one is created.
+func TestAggregatesConcurrent(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		e := rsStart(t, dbURL)
+		const n = 8
+		var wg sync.WaitGroup
+		status := make([]int, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				name := fmt.Sprintf("c%d", i/2) // pairs share a name
+				resp, _ := testenv.Do(t, e.client, "POST", e.c.ComputeURL+"/os-aggregates", e.admin, `{"aggregate":{"name":"`+name+`"}}`)
+				status[i] = resp.StatusCode
+			}()
+		}
+		wg.Wait()
+		created, conflicts := 0, 0
+		for _, st := range status {
+			switch st {
+			case 200:
+				created++
+			case 409:
+				conflicts++
+			}
+		}
+		ids := map[any]bool{}
+		for _, a := range rsList(e.must(200, "GET", "/os-aggregates", e.admin, "", ""), "aggregates") {
+			ids[a.(map[string]any)["id"]] = true
+		}
+		if created != n/2 || conflicts != n/2 || len(ids) != n/2 {
+			t.Errorf("statuses %v, %d aggregates", status, len(ids))
 		}
 	})
 }

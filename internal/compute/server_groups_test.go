@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -322,4 +323,40 @@ func rsEqualJSON(a, b any) bool {
 	x, err1 := json.Marshal(a)
 	y, err2 := json.Marshal(b)
 	return err1 == nil && err2 == nil && string(x) == string(y)
+}
+
+// TestServerGroupQuotaConcurrent creates groups at once against a quota of
+// three: exactly three are created.
+func TestServerGroupQuotaConcurrent(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		e := rsStart(t, dbURL)
+		demo, err := e.c.Identity.ProjectByName(context.Background(), cloud.DemoProject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.must(200, "PUT", "/os-quota-sets/"+demo.ID, e.admin, "", `{"quota_set":{"server_groups":3}}`)
+		const n = 8
+		var wg sync.WaitGroup
+		status := make([]int, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, _ := testenv.Do(t, e.client, "POST", e.c.ComputeURL+"/os-server-groups", e.demo, `{"server_group":{"name":"g","policies":["affinity"]}}`)
+				status[i] = resp.StatusCode
+			}()
+		}
+		wg.Wait()
+		ok := 0
+		for _, st := range status {
+			if st == 200 {
+				ok++
+			} else if st != 403 {
+				t.Errorf("status %d", st)
+			}
+		}
+		if l := rsList(e.must(200, "GET", "/os-server-groups", e.demo, "", ""), "server_groups"); ok != 3 || len(l) != 3 {
+			t.Errorf("%d created (%v), %d listed", ok, status, len(l))
+		}
+	})
 }
