@@ -301,7 +301,7 @@ func (s *Service) createAggregate(r *http.Request) (*api.Response, error) {
 		if err := nameFree(ctx, tx, a.Name, 0); err != nil {
 			return err
 		}
-		if a.ID, err = nextIntID(ctx, tx, "compute_aggregates", "id"); err != nil {
+		if a.ID, err = nextAggregateID(ctx, tx); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, "INSERT INTO compute_aggregates (id, uuid, name, created_at) VALUES (?, ?, ?, ?)",
@@ -315,6 +315,24 @@ func (s *Service) createAggregate(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	return api.JSON(http.StatusOK, map[string]any{"aggregate": aggregateView(VersionFrom(ctx), a, false)}), nil
+}
+
+// nextAggregateID hands out the next aggregate id, never one used before
+// (under lockAggregates).
+func nextAggregateID(ctx context.Context, tx *store.Tx) (int64, error) {
+	var last int64
+	err := tx.QueryRow(ctx, "SELECT last_id FROM compute_aggregate_ids WHERE one = 1").Scan(&last)
+	if err != nil && !store.IsNoRows(err) {
+		return 0, err
+	}
+	next, err := nextIntID(ctx, tx, "compute_aggregates", "id")
+	if err != nil {
+		return 0, err
+	}
+	next = max(next, last+1)
+	_, err = tx.Exec(ctx, `INSERT INTO compute_aggregate_ids (one, last_id) VALUES (1, ?)
+		ON CONFLICT (one) DO UPDATE SET last_id = excluded.last_id`, next)
+	return next, err
 }
 
 func strPtrOrNil(s string) *string {

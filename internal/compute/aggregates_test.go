@@ -167,8 +167,12 @@ func TestAggregateViewsAndErrors(t *testing.T) {
 			t.Errorf("delete: %d %q", st, raw)
 		}
 		e.fault(404, "could not be found", "GET", "/os-aggregates/"+fmt.Sprint(withZone["id"]), e.admin, "", "")
-		// The name is free again.
-		aggCreate(e, "", `{"aggregate":{"name":"a2"}}`)
+		// The name is free again; the id is not, as with Nova's
+		// autoincrement ids.
+		again := aggCreate(e, "", `{"aggregate":{"name":"a2"}}`)
+		if again == fmt.Sprint(withZone["id"]) {
+			t.Errorf("a deleted aggregate's id %s was handed out again", again)
+		}
 	})
 }
 

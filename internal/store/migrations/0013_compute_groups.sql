@@ -32,6 +32,14 @@ CREATE TABLE compute_aggregates (
     updated_at TEXT NOT NULL DEFAULT ''
 )
 -- next
+-- The last aggregate id handed out (one row): ids are never reused, as
+-- Nova's autoincrement ids are not, so a client waiting for a deleted
+-- aggregate's 404 never sees a new one under its id.
+CREATE TABLE compute_aggregate_ids (
+    one     INTEGER PRIMARY KEY,
+    last_id BIGINT NOT NULL
+)
+-- next
 CREATE TABLE compute_aggregate_hosts (
     aggregate_id BIGINT NOT NULL,
     host         TEXT NOT NULL,
