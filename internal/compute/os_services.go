@@ -270,7 +270,8 @@ func (s *Service) loadEnabledHosts(ctx context.Context) ([]driver.Host, error) {
 	return out, nil
 }
 
-// serviceView is services.py _get_service_detail.
+// serviceView is services.py _get_service_detail; a compute host's zone is
+// the one its aggregates give it (set_availability_zones).
 func (s *Service) serviceView(r *http.Request, sv *serviceRow, hosts map[string]driver.Host) map[string]any {
 	v := VersionFrom(r.Context())
 	up := serviceUp(sv, hosts)
@@ -279,7 +280,7 @@ func (s *Service) serviceView(r *http.Request, sv *serviceRow, hosts map[string]
 		updated = s.now()
 	}
 	m := map[string]any{
-		"binary": sv.Binary, "host": sv.Host, "zone": sv.Zone,
+		"binary": sv.Binary, "host": sv.Host, "zone": s.zoneOf(r.Context(), sv),
 		"status":     map[bool]string{true: "disabled", false: "enabled"}[sv.Disabled],
 		"state":      map[bool]string{true: "up", false: "down"}[up],
 		"updated_at": updated.UTC().Format(serviceTime), "disabled_reason": sv.Reason,

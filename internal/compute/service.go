@@ -21,6 +21,12 @@ import (
 
 // Service is the compute service.
 type Service struct {
+	// zones caches the hosts' zones that aggregates set (aggregates.go).
+	zones zoneCache
+	// onAggregatesChanged, when set, is called after any aggregate change
+	// commits (for the scheduler's snapshot); nil does nothing.
+	onAggregatesChanged func()
+
 	db       *store.DB
 	driver   driver.Driver
 	images   *image.Service
@@ -91,6 +97,8 @@ func (s *Service) Routes() []api.Route {
 	}
 	routes = append(routes, s.serverRoutes()...)
 	routes = append(routes, s.resourceRoutes()...)
+	routes = append(routes, s.serverGroupRoutes()...)
+	routes = append(routes, s.aggregateRoutes()...)
 	routes = append(routes, s.imageProxyRoutes()...)
 	return routes
 }

@@ -67,6 +67,8 @@ type viewCtx struct {
 	admin     bool
 	addresses map[string]map[string][]network.Address
 	hostState map[string]string
+	// groupsOf gives a server's server groups (server_groups, 2.71).
+	groupsOf func(serverID string) []string
 }
 
 func (s *Service) newViewCtx(r *http.Request, svs []*server) (*viewCtx, error) {
@@ -88,6 +90,17 @@ func (s *Service) newViewCtx(r *http.Request, svs []*server) (*viewCtx, error) {
 	}
 	if vc.admin && vc.v.AtLeast(16) {
 		vc.hostState = s.hostStates(r.Context())
+	}
+	if vc.v.AtLeast(71) {
+		ctx := r.Context()
+		vc.groupsOf = func(serverID string) []string {
+			ids, err := s.serverGroupsOf(ctx, s.db, serverID)
+			if err != nil {
+				s.log.Warn("server groups unavailable", "error", err)
+				return []string{}
+			}
+			return ids
+		}
 	}
 	return vc, nil
 }
@@ -240,7 +253,11 @@ func (vc *viewCtx) serverView(sv *server, withGroups bool) obj {
 		m.set("trusted_image_certificates", nil)
 	}
 	if v.AtLeast(71) && withGroups {
-		m.set("server_groups", []any{})
+		groups := []string{}
+		if vc.groupsOf != nil {
+			groups = vc.groupsOf(sv.ID)
+		}
+		m.set("server_groups", groups)
 	}
 	if v.AtLeast(73) {
 		m.set("locked_reason", d.LockedReason)
