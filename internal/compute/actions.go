@@ -217,10 +217,14 @@ func (s *Service) actUnshelve(r *http.Request, arg json.RawMessage) (*api.Respon
 		if err != nil {
 			return nil, err
 		}
+		zones, err := s.hostZones(r.Context())
+		if err != nil {
+			return nil, err
+		}
 		zoneOK, hostOK := az == nil, host == nil
 		for _, h := range hosts {
-			zoneOK = zoneOK || hostZone(h) == *az
-			hostOK = hostOK || (h.Name == *host && (az == nil || hostZone(h) == *az))
+			zoneOK = zoneOK || zoneIn(h, zones) == *az
+			hostOK = hostOK || (h.Name == *host && (az == nil || zoneIn(h, zones) == *az))
 		}
 		if !zoneOK {
 			return nil, api.BadRequest("The requested availability zone is not available")

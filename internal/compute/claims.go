@@ -288,10 +288,7 @@ func (s *Service) refreshSchedHosts(ctx context.Context, st *scheduler.State, al
 	for _, h := range hosts {
 		h.Normalize()
 		seen[h.Name] = true
-		zone := zones[h.Name]
-		if zone == "" {
-			zone = hostZone(h)
-		}
+		zone := zoneIn(h, zones)
 		key := hostKey(h, zone, ok[h.Name])
 		if !all && v.hostKeys[h.Name] == key {
 			continue
@@ -728,7 +725,7 @@ func (s *Service) zonesOf(ctx context.Context, claims []scheduler.Claim) (map[st
 			out[c.Host] = "nova"
 			for _, h := range hosts {
 				if h.Name == c.Host {
-					out[c.Host] = hostZone(h)
+					out[c.Host] = zoneIn(h, zones)
 				}
 			}
 		}

@@ -68,7 +68,17 @@ func (e *env) flavor(id string, vcpus, ram, disk int, specs map[string]string) {
 // the first server's id.
 func (e *env) createAs(tok, flavor, extra string) string {
 	e.t.Helper()
-	body := fmt.Sprintf(`{"server":{"name":"p","imageRef":%q,"flavorRef":%q,"networks":"none"%s}}`, e.imageID, flavor, extra)
+	return e.createHinted(tok, flavor, extra, "")
+}
+
+// createHinted is createAs with scheduler hints (a JSON object, or "").
+func (e *env) createHinted(tok, flavor, extra, hints string) string {
+	e.t.Helper()
+	top := ""
+	if hints != "" {
+		top = `,"os:scheduler_hints":` + hints
+	}
+	body := fmt.Sprintf(`{"server":{"name":"p","imageRef":%q,"flavorRef":%q,"networks":"none"%s}%s}`, e.imageID, flavor, extra, top)
 	m := e.must(202, "POST", "/servers", tok, "2.96", body)
 	return m["server"].(map[string]any)["id"].(string)
 }
@@ -610,4 +620,88 @@ func TestPlacementTwoControllers(t *testing.T) {
 	if n := placementInvariants(t, e1.c.DB, smallFleet()); n != active {
 		t.Errorf("%d placed, %d ACTIVE", n, active)
 	}
+}
+
+// TestGroupsAndHints: server groups' policies, same_host/different_host
+// hints and zones set by aggregates steer placement as Nova's filters do.
+func TestGroupsAndHints(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		e := placementEnv(t, dbURL)
+		host := func(id string) string {
+			sv := e.server(id, e.admin, "2.96")
+			h, ok := sv["OS-EXT-SRV-ATTR:host"].(string)
+			if !ok {
+				t.Fatalf("server %s has no host: %v %v", id, sv["status"], sv["fault"])
+			}
+			return h
+		}
+		group := func(policy string) string {
+			m := e.must(200, "POST", "/os-server-groups", e.demo, "2.64", fmt.Sprintf(`{"server_group":{"name":%q,"policy":%q}}`, policy, policy))
+			return m["server_group"].(map[string]any)["id"].(string)
+		}
+		hint := func(k, v string) string { return fmt.Sprintf(`{%q:%q}`, k, v) }
+
+		// Anti-affinity: three hosts, three members on three hosts; a fourth has none.
+		anti := group("anti-affinity")
+		seen := map[string]bool{}
+		for i := 0; i < 3; i++ {
+			id := e.createHinted(e.demo, "p2", "", hint("group", anti))
+			e.wait(id, e.demo, "ACTIVE")
+			if seen[host(id)] {
+				t.Errorf("anti-affinity member %d on %s again", i, host(id))
+			}
+			seen[host(id)] = true
+		}
+		fourth := e.createHinted(e.demo, "p2", "", hint("group", anti))
+		e.wait(fourth, e.demo, "ERROR")
+		members := e.must(200, "GET", "/os-server-groups/"+anti, e.demo, "2.64", "")["server_group"].(map[string]any)["members"].([]any)
+		if len(members) != 4 {
+			t.Errorf("group members %v, want 4 (the failed one is a member too, as in Nova)", members)
+		}
+		// A multi-create in an anti-affinity group spreads within the batch.
+		anti2 := group("anti-affinity")
+		e.createHinted(e.demo, "p2", `,"min_count":2,"max_count":2`, hint("group", anti2))
+		e.settle()
+		ms := e.must(200, "GET", "/os-server-groups/"+anti2, e.demo, "2.64", "")["server_group"].(map[string]any)["members"].([]any)
+		if len(ms) != 2 || host(ms[0].(string)) == host(ms[1].(string)) {
+			t.Errorf("anti-affinity batch: members %v", ms)
+		}
+
+		// Free the fleet for the rest.
+		for _, x := range e.must(200, "GET", "/servers", e.demo, "2.96", "")["servers"].([]any) {
+			e.must(204, "DELETE", "/servers/"+x.(map[string]any)["id"].(string), e.demo, "", "")
+		}
+		e.settle()
+
+		// Affinity: every member where the first went.
+		aff := group("affinity")
+		first := e.createHinted(e.demo, "p2", "", hint("group", aff))
+		second := e.createHinted(e.demo, "p2", "", hint("group", aff))
+		e.settle()
+		if host(first) != host(second) {
+			t.Errorf("affinity members on %s and %s", host(first), host(second))
+		}
+		// Hints by server.
+		same := e.createHinted(e.demo, "p2", "", hint("same_host", first))
+		diff := e.createHinted(e.demo, "p2", "", hint("different_host", first))
+		e.settle()
+		if e.server(same, e.demo, "2.96")["status"] == "ACTIVE" && host(same) != host(first) {
+			t.Errorf("same_host: %s, want %s", host(same), host(first))
+		}
+		if host(diff) == host(first) {
+			t.Errorf("different_host landed on %s", host(diff))
+		}
+		e.must(400, "POST", "/servers", e.demo, "2.96", fmt.Sprintf(`{"server":{"name":"x","imageRef":%q,"flavorRef":"p2","networks":"none"},"os:scheduler_hints":{"group":"not-a-uuid"}}`, e.imageID))
+
+		// A zone made by an aggregate: only its host serves it.
+		agg := e.must(200, "POST", "/os-aggregates", e.admin, "2.41", `{"aggregate":{"name":"edge","availability_zone":"edge"}}`)["aggregate"].(map[string]any)
+		aid := fmt.Sprint(agg["id"])
+		e.must(200, "POST", "/os-aggregates/"+aid+"/action", e.admin, "2.41", `{"add_host":{"host":"gpu-1"}}`)
+		id := e.createAs(e.demo, "pg", `,"availability_zone":"edge"`)
+		sv := e.wait(id, e.demo, "ACTIVE")
+		if host(id) != "gpu-1" || sv["OS-EXT-AZ:availability_zone"] != "edge" {
+			t.Errorf("edge server on %s in zone %v", host(id), sv["OS-EXT-AZ:availability_zone"])
+		}
+		placementInvariants(t, e.c.DB, smallFleet())
+	})
 }

@@ -560,10 +560,14 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 		if err != nil {
 			return nil, err
 		}
+		zones, err := s.hostZones(ctx)
+		if err != nil {
+			return nil, err
+		}
 		zoneOK, hostOK := req.AZ == "", req.Host == ""
 		for _, h := range hosts {
-			zoneOK = zoneOK || hostZone(h) == req.AZ
-			hostOK = hostOK || (h.Name == req.Host && (req.AZ == "" || hostZone(h) == req.AZ))
+			zoneOK = zoneOK || zoneIn(h, zones) == req.AZ
+			hostOK = hostOK || (h.Name == req.Host && (req.AZ == "" || zoneIn(h, zones) == req.AZ))
 		}
 		if !zoneOK {
 			return nil, api.BadRequest("The requested availability zone is not available")

@@ -66,12 +66,16 @@ func New(d Deps) *Service {
 	if d.Scheduler != nil {
 		policy = *d.Scheduler
 	}
-	return &Service{
+	s := &Service{
 		sched: schedView{policy: policy},
 		db:    d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, identity: d.Identity, gate: d.Billing, log: log,
 		now:   func() time.Time { return time.Now().UTC() },
 		queue: newWorkQueue(),
 	}
+	// An aggregate's zone change moves hosts between zones: the
+	// scheduler's snapshot takes it with its next host refresh.
+	s.onAggregatesChanged = s.hosts.invalidate
+	return s
 }
 
 // API builds the compute HTTP service.
