@@ -528,7 +528,7 @@ min_microversion = $compute_min
 max_microversion = $compute_max
 build_timeout = 120
 build_interval = 1
-min_compute_nodes = 1
+min_compute_nodes = 2
 
 [compute-feature-enabled]
 console_output = true
@@ -559,7 +559,7 @@ disk_config = false
 hostname_fqdn_sanitization = false
 stable_rescue = false
 unified_limits = false
-scheduler_enabled_filters = AvailabilityZoneFilter,ComputeFilter,ComputeCapabilitiesFilter,ImagePropertiesFilter
+scheduler_enabled_filters = AvailabilityZoneFilter,ComputeFilter,ComputeCapabilitiesFilter,ImagePropertiesFilter,ServerGroupAffinityFilter,ServerGroupAntiAffinityFilter,SameHostFilter,DifferentHostFilter
 
 [image]
 region = RegionOne
