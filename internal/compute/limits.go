@@ -31,6 +31,10 @@ func (s *Service) showLimits(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	var groups int
+	if err := s.db.QueryRow(ctx, `SELECT COUNT(*) FROM compute_server_groups WHERE project_id = ?`, project).Scan(&groups); err != nil {
+		return nil, err
+	}
 	abs := map[string]any{
 		"maxServerMeta":         q["metadata_items"],
 		"maxTotalCores":         q["cores"],
@@ -42,7 +46,7 @@ func (s *Service) showLimits(r *http.Request) (*api.Response, error) {
 		"totalCoresUsed":        cores,
 		"totalInstancesUsed":    inst,
 		"totalRAMUsed":          ram,
-		"totalServerGroupsUsed": 0,
+		"totalServerGroupsUsed": groups,
 	}
 	if !v.AtLeast(57) {
 		abs["maxImageMeta"] = q["metadata_items"]
