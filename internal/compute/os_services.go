@@ -551,6 +551,14 @@ func (s *Service) deleteService(r *http.Request) (*api.Response, error) {
 			if usage[sv.Host].Servers > 0 {
 				return api.Conflict("Unable to delete compute service that is hosting instances. Migrate or delete the instances first.")
 			}
+			// The host leaves its aggregates too (nova services.py delete).
+			res, err := tx.Exec(ctx, "DELETE FROM compute_aggregate_hosts WHERE host = ?", sv.Host)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n > 0 {
+				s.aggregateHostsChanged(tx)
+			}
 		}
 		tx.AfterCommit(s.hosts.invalidate)
 		_, err = tx.Exec(ctx, "UPDATE compute_services SET deleted = 1, updated_at = ? WHERE id = ?", store.FormatTime(s.now()), sv.ID)
