@@ -84,6 +84,41 @@ func TestEnabledHosts(t *testing.T) {
 	}
 }
 
+// TestHostStates checks host_status as Nova derives it from the host's
+// compute service: forced down is DOWN, disabled MAINTENANCE, not up (the
+// host stopped reporting) UNKNOWN.
+func TestHostStates(t *testing.T) {
+	ctx := context.Background()
+	s, drv := newResourceService(t)
+	set := func(host, action string, forced bool) {
+		err := s.db.Tx(ctx, func(tx *store.Tx) error {
+			sv, err := scanService(tx.QueryRow(ctx, "SELECT "+serviceColumns+" FROM compute_services WHERE host = ? AND binary_name = ?", host, binCompute))
+			if err != nil {
+				return err
+			}
+			return s.setService(ctx, tx, sv, action, "test", forced)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("fake-host-1", "disable-log-reason", false)
+	set("fake-host-2", "force-down", true)
+	drv.SetHostUp("fake-host-3", false)
+	// Forced down wins over disabled and over a host that does not answer.
+	set("fake-host-4", "disable", false)
+	set("fake-host-4", "force-down", true)
+	drv.SetHostUp("fake-host-4", false)
+	got := s.hostStates(ctx)
+	want := map[string]string{"fake-host-1": "MAINTENANCE", "fake-host-2": "DOWN", "fake-host-3": "UNKNOWN",
+		"fake-host-4": "DOWN", "fake-gpu-host-1": "UP"}
+	for h, w := range want {
+		if got[h] != w {
+			t.Errorf("host_status of %s is %q, want %q", h, got[h], w)
+		}
+	}
+}
+
 func TestResourceContracts(t *testing.T) {
 	ctx := context.Background()
 	s, _ := newResourceService(t)
