@@ -75,9 +75,14 @@ type Agent struct {
 	have    map[string]bool        // ops held: queued, running, or finished and not accepted
 	queues  map[string][]wire.Op   // per server: ops not yet started; a key means a runner works
 	results map[string]wire.Result // finished, not yet accepted
-	kick    chan struct{}
-	sem     chan struct{}
-	wg      sync.WaitGroup
+	// accepted remembers ops whose results the controller took, for a
+	// while: a poll answered just before it recorded one may still bring
+	// the op, which must not run again.
+	accepted map[string]time.Time
+	pruned   time.Time
+	kick     chan struct{}
+	sem      chan struct{}
+	wg       sync.WaitGroup
 
 	hbMu       sync.Mutex
 	registered string // the inventory last registered
@@ -119,7 +124,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	return &Agent{cfg: cfg, log: cfg.Log, c: c, drv: cfg.Driver, have: map[string]bool{}, queues: map[string][]wire.Op{},
-		results: map[string]wire.Result{}, kick: make(chan struct{}, 1), sem: make(chan struct{}, cfg.Concurrency),
+		results: map[string]wire.Result{}, accepted: map[string]time.Time{}, kick: make(chan struct{}, 1), sem: make(chan struct{}, cfg.Concurrency),
 		ready: make(chan struct{})}, nil
 }
 
@@ -399,12 +404,12 @@ func (a *Agent) pollLoop(ctx context.Context) {
 	}
 }
 
-// accept takes an op delivered by the controller: one already held is
-// ignored, one finished before is answered from the journal, any other is
-// queued behind its server's earlier ops.
+// accept takes an op delivered by the controller: one already held or
+// just accepted is ignored, one finished before is answered from the
+// journal, any other is queued behind its server's earlier ops.
 func (a *Agent) accept(ctx context.Context, op wire.Op) {
 	a.mu.Lock()
-	if a.have[op.ID] {
+	if _, done := a.accepted[op.ID]; done || a.have[op.ID] {
 		a.mu.Unlock()
 		return
 	}
@@ -583,6 +588,25 @@ func (a *Agent) kickPoster() {
 	}
 }
 
+// acceptedMemory is how long accepted ops are remembered: far longer than
+// a poll answer can be on its way.
+const acceptedMemory = 5 * time.Minute
+
+// forgetAccepted drops what is old enough, at most every few seconds.
+func (a *Agent) forgetAccepted(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if now.Sub(a.pruned) < 10*time.Second {
+		return
+	}
+	a.pruned = now
+	for id, t := range a.accepted {
+		if now.Sub(t) > acceptedMemory {
+			delete(a.accepted, id)
+		}
+	}
+}
+
 // maxBatch bounds the results posted at once.
 const maxBatch = 500
 
@@ -631,6 +655,7 @@ func (a *Agent) postLoop(ctx context.Context) {
 		if len(resp.Done) == 0 {
 			sleep(ctx, bo.next()) // should not happen: do not spin on it
 		}
+		now := time.Now()
 		for _, id := range resp.Done {
 			if err := a.j.acked(id); err != nil {
 				a.log.Error("agent: journal write failed", "op", id, "error", err)
@@ -638,7 +663,9 @@ func (a *Agent) postLoop(ctx context.Context) {
 			a.mu.Lock()
 			delete(a.results, id)
 			delete(a.have, id)
+			a.accepted[id] = now
 			a.mu.Unlock()
 		}
+		a.forgetAccepted(now)
 	}
 }

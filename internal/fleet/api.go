@@ -298,7 +298,33 @@ func (s *Service) register(ctx context.Context, agent string, hosts []driver.Hos
 	if err != nil {
 		return nil, err
 	}
+	s.agentHostsCache.Delete(agent)
 	return resp, nil
+}
+
+// agentHostsTTL bounds how long Poll trusts its cached list of an agent's
+// hosts: a registration through this controller replaces it at once, one
+// through another controller sharing the database is seen within it.
+const agentHostsTTL = 5 * time.Second
+
+type cachedHosts struct {
+	names []string
+	until time.Time
+}
+
+// hostsOf answers the names of an agent's hosts, cached briefly: every
+// long-poll asks.
+func (s *Service) hostsOf(ctx context.Context, agent string) ([]string, error) {
+	now := s.now()
+	if v, ok := s.agentHostsCache.Load(agent); ok && now.Before(v.(cachedHosts).until) {
+		return v.(cachedHosts).names, nil
+	}
+	names, err := agentHosts(ctx, s.db, agent)
+	if err != nil {
+		return nil, err
+	}
+	s.agentHostsCache.Store(agent, cachedHosts{names: names, until: now.Add(agentHostsTTL)})
+	return names, nil
 }
 
 func agentHosts(ctx context.Context, q store.Querier, agent string) ([]string, error) {
@@ -529,7 +555,7 @@ func (s *Service) handlePoll(ctx context.Context, agent string, body []byte) (in
 // Poll answers the pending ops for the agent's hosts that it does not
 // have, oldest first, waiting up to wait for one to come.
 func (s *Service) Poll(ctx context.Context, agent string, have []string, wait time.Duration) ([]wire.Op, error) {
-	hosts, err := agentHosts(ctx, s.db, agent)
+	hosts, err := s.hostsOf(ctx, agent)
 	if err != nil {
 		return nil, err
 	}
@@ -595,6 +621,14 @@ func (s *Service) pending(ctx context.Context, agent string, skip map[string]boo
 	return out, rows.Err()
 }
 
+// ownedOp scans an op row followed by its host's agent.
+type ownedOp struct {
+	row   interface{ Scan(...any) error }
+	owner *string
+}
+
+func (o ownedOp) Scan(dest ...any) error { return o.row.Scan(append(dest, o.owner)...) }
+
 func (s *Service) handleResults(ctx context.Context, agent string, body []byte) (int, any, error) {
 	var req wire.ResultsRequest
 	if err := decode(body, &req); err != nil {
@@ -609,9 +643,6 @@ func (s *Service) handleResults(ctx context.Context, agent string, body []byte) 
 		}
 		if !r.OK && r.Error == nil {
 			return 0, nil, badRequest("results[%d]: a failed op needs an error", i)
-		}
-		if r.Result != nil && !json.Valid(r.Result) {
-			return 0, nil, badRequest("results[%d]: result is not JSON", i)
 		}
 	}
 	done, err := s.Record(ctx, agent, req.Results)
@@ -633,18 +664,12 @@ func (s *Service) Record(ctx context.Context, agent string, results []wire.Resul
 	ts := store.FormatTime(now)
 	var done []string
 	var finished []*opRow
-	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+	err := s.writes.do(ctx, func(ctx context.Context, tx *store.Tx) error {
 		done, finished = done[:0], finished[:0]
-		hosts, err := agentHosts(ctx, tx, agent)
-		if err != nil {
-			return err
-		}
-		mine := map[string]bool{}
-		for _, h := range hosts {
-			mine[h] = true
-		}
 		for _, r := range results {
-			op, err := scanOp(tx.QueryRow(ctx, "SELECT "+opColumns+" FROM fleet_ops WHERE id = ?", r.OpID))
+			var owner string
+			op, err := scanOp(ownedOp{tx.QueryRow(ctx, "SELECT "+opColumns+`, COALESCE(h.agent_id, '')
+ FROM fleet_ops o LEFT JOIN fleet_hosts h ON h.name = o.host WHERE o.id = ?`, r.OpID), &owner})
 			if errors.Is(err, store.ErrNotFound) {
 				done = append(done, r.OpID)
 				continue
@@ -652,7 +677,7 @@ func (s *Service) Record(ctx context.Context, agent string, results []wire.Resul
 			if err != nil {
 				return err
 			}
-			if !mine[op.Host] {
+			if owner != agent {
 				s.log.Warn("fleet: result for an op of another agent's host dropped", "op", r.OpID, "agent", agent, "host", op.Host)
 				done = append(done, r.OpID)
 				continue

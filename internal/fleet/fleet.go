@@ -65,7 +65,10 @@ type Service struct {
 	lmu      sync.Mutex
 	listener driver.PowerListener
 
-	creds credCache
+	writes          *committer
+	creds           credCache
+	agentHostsCache sync.Map // agent id → cachedHosts
+	inventories     sync.Map // host name → *parsedInventory
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -96,15 +99,16 @@ func New(db *store.DB, cfg Config) *Service {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{db: db, cfg: cfg, log: cfg.Log, hub: newHub(), done: make(chan struct{}),
+	return &Service{db: db, cfg: cfg, log: cfg.Log, hub: newHub(), done: make(chan struct{}), writes: &committer{db: db},
 		creds: credCache{m: map[string]credEntry{}}}
 }
 
 // Config is the service's settings, defaults filled in.
 func (s *Service) Config() Config { return s.cfg }
 
-// Close ends open long-polls at once, so that the listener can shut down
-// without waiting for them; calls still waiting end with their contexts.
+// Close ends open long-polls at once (and answers later ones empty), so
+// that the listener can shut down without waiting for them. Calls still
+// waiting end with their contexts; Run with its.
 func (s *Service) Close() {
 	s.closeOnce.Do(func() { close(s.done) })
 }
@@ -163,10 +167,7 @@ func (s *Service) isUp(h *hostRow, now time.Time) bool { return h.Up && s.alive(
 // view is the driver.Host compute sees: the registered inventory with Up
 // and Health from the latest reports.
 func (s *Service) view(h *hostRow, now time.Time) driver.Host {
-	var d driver.Host
-	if err := json.Unmarshal([]byte(h.Inventory), &d); err != nil {
-		s.log.Warn("fleet: bad inventory", "host", h.Name, "error", err)
-	}
+	d := s.inventory(h)
 	d.Name = h.Name
 	d.Up = s.isUp(h, now)
 	d.Health = h.Health
@@ -179,6 +180,37 @@ func (s *Service) view(h *hostRow, now time.Time) driver.Host {
 		d.Health = "down"
 	}
 	return d
+}
+
+// parsedInventory is a host's inventory as last decoded.
+type parsedInventory struct {
+	raw  string
+	host driver.Host
+}
+
+// inventory decodes a host's inventory, from the cache when it has not
+// changed: compute asks for the hosts on every admin server listing, and a
+// real host's topology makes its inventory large.
+func (s *Service) inventory(h *hostRow) driver.Host {
+	if v, ok := s.inventories.Load(h.Name); ok && v.(*parsedInventory).raw == h.Inventory {
+		return copyHost(v.(*parsedInventory).host)
+	}
+	var d driver.Host
+	if err := json.Unmarshal([]byte(h.Inventory), &d); err != nil {
+		s.log.Warn("fleet: bad inventory", "host", h.Name, "error", err)
+	}
+	s.inventories.Store(h.Name, &parsedInventory{raw: h.Inventory, host: d})
+	return copyHost(d)
+}
+
+// copyHost copies a host's slices, so that callers cannot change the
+// cached one.
+func copyHost(h driver.Host) driver.Host {
+	h.GPUs = append([]driver.GPU(nil), h.GPUs...)
+	h.CPUs = append([]driver.CPU(nil), h.CPUs...)
+	h.ReservedCPUs = append([]int(nil), h.ReservedCPUs...)
+	h.NUMANodes = append([]driver.NUMANode(nil), h.NUMANodes...)
+	return h
 }
 
 func (s *Service) loadHosts(ctx context.Context, q store.Querier) ([]*hostRow, error) {

@@ -180,8 +180,6 @@ func (s *Service) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.done:
-			return
 		case <-t.C:
 		}
 		now := s.now()
@@ -219,7 +217,7 @@ func (s *Service) watchResults(ctx context.Context) error {
 		for _, id := range chunk {
 			args = append(args, id)
 		}
-		rows, err := s.db.Query(ctx, "SELECT "+opColumns+" FROM fleet_ops WHERE state <> ? AND id IN ("+placeholders(n)+")", args...)
+		rows, err := s.db.Query(ctx, "SELECT "+opColumns+" FROM fleet_ops o WHERE state <> ? AND id IN ("+placeholders(n)+")", args...)
 		if err != nil {
 			return err
 		}
@@ -295,8 +293,9 @@ func (s *Service) watchHosts(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// opRetention is how long finished ops are kept: a caller asking again
-// with the same key within it gets the recorded result.
+// opRetention is how long finished ops with a caller's key are kept: a
+// caller asking again with the same key within it gets the recorded
+// result.
 const opRetention = 24 * time.Hour
 
 // sweep fails pending ops older than OpTimeout (nobody waits for them any
@@ -309,8 +308,10 @@ func (s *Service) sweep(ctx context.Context, now time.Time) error {
 		statePending, store.FormatTime(now.Add(-s.cfg.OpTimeout))); err != nil {
 		return err
 	}
-	if _, err := s.db.Exec(ctx, "DELETE FROM fleet_ops WHERE state <> ? AND created_at < ?",
-		statePending, store.FormatTime(now.Add(-opRetention))); err != nil {
+	// An op without a caller's key (its key is its id) is never asked for
+	// again: once finished it is kept only for the operator's eyes.
+	if _, err := s.db.Exec(ctx, `DELETE FROM fleet_ops WHERE state <> ? AND (created_at < ? OR (op_key = id AND created_at < ?))`,
+		statePending, store.FormatTime(now.Add(-opRetention)), store.FormatTime(now.Add(-time.Hour))); err != nil {
 		return err
 	}
 	if _, err := s.db.Exec(ctx, "DELETE FROM fleet_tokens WHERE expires_at < ?", store.FormatTime(now.Add(-7*24*time.Hour))); err != nil {

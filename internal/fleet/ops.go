@@ -30,7 +30,7 @@ type opRow struct {
 	Created                              time.Time
 }
 
-const opColumns = "id, op_key, host, server_id, kind, state, result, error, error_code, created_at"
+const opColumns = "o.id, o.op_key, o.host, o.server_id, o.kind, o.state, o.result, o.error, o.error_code, o.created_at"
 
 func scanOp(row interface{ Scan(...any) error }) (*opRow, error) {
 	var o opRow
@@ -127,7 +127,7 @@ func (s *Service) submit(ctx context.Context, key, host, serverID, kind string, 
 	}
 	for n := 1; n <= 1000; n++ {
 		k := attemptKey(key, n)
-		op, err := scanOp(s.db.QueryRow(ctx, "SELECT "+opColumns+" FROM fleet_ops WHERE op_key = ?", k))
+		op, err := scanOp(s.db.QueryRow(ctx, "SELECT "+opColumns+" FROM fleet_ops o WHERE op_key = ?", k))
 		if errors.Is(err, store.ErrNotFound) {
 			id := uuid.NewString()
 			w := s.hub.waitOp(id, host)
@@ -157,7 +157,7 @@ func (s *Service) submit(ctx context.Context, key, host, serverID, kind string, 
 		// Pending or done: this is the caller's op. Register, then read
 		// it again so that a result that landed in between is not missed.
 		w := s.hub.waitOp(op.ID, op.Host)
-		again, err := scanOp(s.db.QueryRow(ctx, "SELECT "+opColumns+" FROM fleet_ops WHERE id = ?", op.ID))
+		again, err := scanOp(s.db.QueryRow(ctx, "SELECT "+opColumns+" FROM fleet_ops o WHERE id = ?", op.ID))
 		if err != nil {
 			s.hub.unwaitOp(w)
 			return nil, nil, err
@@ -175,7 +175,7 @@ func (s *Service) insert(ctx context.Context, id, key, host, serverID, kind stri
 	if args == nil {
 		args = []byte("{}")
 	}
-	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+	err := s.writes.do(ctx, func(ctx context.Context, tx *store.Tx) error {
 		if kind == wire.KindSpawn || kind == wire.KindResize {
 			// Recorded before the op runs, so that a later destroy finds
 			// the host even after a failed spawn.
@@ -194,6 +194,20 @@ func (s *Service) insert(ctx context.Context, id, key, host, serverID, kind stri
 	}
 	s.hub.announce(id, host, now)
 	return &opRow{ID: id, Key: key, Host: host, ServerID: serverID, Kind: kind, State: statePending, Created: now}, nil
+}
+
+// asyncCommit lets a PostgreSQL transaction of ops commit without waiting
+// for its WAL to reach disk. Only a crash of the database server can lose
+// such a commit, and then the op is done again: the caller, finding no op
+// or no result after its restart, asks again, and the agent's driver calls
+// are idempotent. The next synchronous commit (compute's, right after)
+// flushes it anyway. SQLite's WAL mode does not sync commits at all.
+func asyncCommit(ctx context.Context, tx *store.Tx) error {
+	if tx.Dialect() != store.Postgres {
+		return nil
+	}
+	_, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off")
+	return err
 }
 
 // wait waits for op's outcome: its result, its host going down, its
@@ -241,7 +255,7 @@ func (s *Service) withdraw(id, msg string) (*opRow, error) {
  WHERE id = ? AND state = ?`, stateFailed, msg, wire.CodeFailed, store.FormatTime(s.now()), id, statePending); err != nil {
 		return nil, err
 	}
-	return scanOp(s.db.QueryRow(ctx, "SELECT "+opColumns+" FROM fleet_ops WHERE id = ?", id))
+	return scanOp(s.db.QueryRow(ctx, "SELECT "+opColumns+" FROM fleet_ops o WHERE id = ?", id))
 }
 
 // opResult turns a finished op into the driver call's answer.
