@@ -47,6 +47,7 @@ func serve(args []string) error {
 	fs.BoolVar(&cfg.NoLocalAgent, "no-local-agent", false, "run the controller alone: no local agent with the fake fleet; hosts come from nimbus agent")
 	fs.DurationVar(&cfg.DownAfter, "down-after", fleet.DefaultDownAfter, "a host not heard from for this long is down")
 	fs.DurationVar(&cfg.AgentHeartbeat, "heartbeat", 10*time.Second, "how often the local agent reports")
+	fs.DurationVar(&cfg.OpTimeout, "op-timeout", fleet.DefaultOpTimeout, "how long a hypervisor operation may wait for its host's agent")
 	fs.StringVar(&cfg.AdminPassword, "admin-password", os.Getenv("NIMBUS_ADMIN_PASSWORD"), "admin password on first start; default generated (env NIMBUS_ADMIN_PASSWORD)")
 	fs.StringVar(&cfg.DemoPassword, "demo-password", os.Getenv("NIMBUS_DEMO_PASSWORD"), "demo password on first start; default generated (env NIMBUS_DEMO_PASSWORD)")
 	fs.DurationVar(&cfg.TokenTTL, "token-ttl", time.Hour, "token lifetime")
@@ -68,8 +69,8 @@ func serve(args []string) error {
 			return fmt.Errorf("--billing-presentation-rate: %w", err)
 		}
 	}
-	if cfg.DownAfter <= 0 || cfg.AgentHeartbeat <= 0 {
-		return fmt.Errorf("--down-after and --heartbeat must be positive")
+	if cfg.DownAfter <= 0 || cfg.AgentHeartbeat <= 0 || cfg.OpTimeout <= 0 {
+		return fmt.Errorf("--down-after, --heartbeat and --op-timeout must be positive")
 	}
 	if cfg.Billing.MinTopup < 1 || cfg.Billing.DefaultCreditLimit < 0 || cfg.DemoCredit < 0 {
 		return fmt.Errorf("--billing-min-topup must be positive, --billing-credit-limit and --demo-credit not negative")

@@ -3,10 +3,12 @@ package compute
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
 
+	"nimbus/internal/driver"
 	"nimbus/internal/driver/fake"
 	"nimbus/internal/store"
 )
@@ -81,6 +83,29 @@ func TestEnabledHosts(t *testing.T) {
 	}
 	if got := hostNames(t, s); len(got) != 5 {
 		t.Fatalf("after recovery %v", got)
+	}
+}
+
+// TestServicesForNewHosts: a host that joins later (its agent registered
+// it) gets its compute service and is scheduled to, even when other
+// controllers' services share the table.
+func TestServicesForNewHosts(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newResourceService(t)
+	for i, bin := range []string{binScheduler, binConductor} {
+		if _, err := s.db.Exec(ctx, `INSERT INTO compute_services (id, uuid, host, binary_name, zone, node_id, node_uuid,
+ created_at, updated_at) VALUES (?, ?, 'other-controller', ?, 'internal', 0, '', '', '')`, 1000+i, fmt.Sprint("u", i), bin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hosts := append(fake.DefaultFleet(), driver.Host{Name: "fake-host-5", VCPUs: 8, MemoryMB: 8192, DiskGB: 100, Up: true})
+	drv, err := fake.New(fake.Config{Hosts: hosts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grown := New(Deps{DB: s.db, Driver: drv})
+	if got := hostNames(t, grown); !slices.Contains(got, "fake-host-5") {
+		t.Fatalf("enabled hosts %v lack the new host", got)
 	}
 }
 

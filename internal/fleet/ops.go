@@ -125,6 +125,7 @@ func (s *Service) submit(ctx context.Context, key, host, serverID, kind string, 
 		}
 		return w, op, nil
 	}
+	conflicts := 0
 	for n := 1; n <= 1000; n++ {
 		k := attemptKey(key, n)
 		op, err := scanOp(s.db.QueryRow(ctx, "SELECT "+opColumns+" FROM fleet_ops o WHERE op_key = ?", k))
@@ -132,10 +133,11 @@ func (s *Service) submit(ctx context.Context, key, host, serverID, kind string, 
 			id := uuid.NewString()
 			w := s.hub.waitOp(id, host)
 			op, err = s.insert(ctx, id, k, host, serverID, kind, args)
-			if errors.Is(err, store.ErrConflict) {
+			if errors.Is(err, store.ErrConflict) && conflicts < 5 {
 				// Another caller (another controller) made this attempt
 				// just now: wait for theirs.
 				s.hub.unwaitOp(w)
+				conflicts++
 				n--
 				continue
 			}
