@@ -20,6 +20,7 @@ import (
 
 	"nimbus/internal/billing"
 	"nimbus/internal/cloud"
+	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
 	"nimbus/internal/store"
 )
@@ -39,11 +40,12 @@ func admin(args []string) error {
 }
 
 const adminUsage = `Usage: nimbus admin billing <command> [arguments] [flags]
+       nimbus admin host <command> [flags]
 
-The operator's side of billing, on the controller's database (the same
+The operator's commands, on the controller's database (the same
 --data-dir or --database-url as nimbus serve; no API token needed).
 
-Commands:
+Billing commands:
   run                                 run one charging pass now, as the hourly job does
   accounts                            every account: balance, credit limit, trial credit
   credit <project> <amount> --reference TEXT
@@ -57,15 +59,21 @@ Commands:
   trials approve <id> --credit <amount> --until <date>
   trials decline <id> --reason TEXT
 
+Host commands:
+  token [--ttl 24h]                   print a one-time token that enrols a host agent
+                                      (nimbus agent --token)
+  list                                the hypervisor hosts: agent, up or down, last seen, servers
+
 <project> is a project id, or a project name in the Default domain.
 <amount> is minor units (15000), or major units with a decimal point
 (150.00 is the same 15000).
 
-Every command takes --data-dir, --database-url, --billing-currency,
---billing-credit-limit and --json (see "nimbus admin billing <command> -h").
+Every command takes --data-dir, --database-url and --json; billing
+commands also --billing-currency and --billing-credit-limit (see
+"nimbus admin <group> <command> -h").
 `
 
-// adminCommand is one "nimbus admin billing" command.
+// adminCommand is one "nimbus admin <group>" command.
 type adminCommand struct {
 	args, help string
 	nargs      int // positional arguments wanted; -1: at least one
@@ -74,6 +82,10 @@ type adminCommand struct {
 	setup func(a *adminRun, fs *flag.FlagSet) func(ctx context.Context, args []string) error
 }
 
+// adminGroups are the command groups: billing and host.
+var adminGroups = map[string]map[string]adminCommand{"billing": adminCommands, "host": hostCommands}
+
+// adminCommands are the billing commands.
 var adminCommands = map[string]adminCommand{
 	"run": {help: "Runs one charging pass now, the pass the controller runs every hour: each started hour is\n" +
 		"charged at most once per resource, so running it again within the hour charges nothing more.\n" +
@@ -130,8 +142,9 @@ type adminRun struct {
 	bcfg           billing.Config
 	json           bool
 
-	db  *store.DB
-	svc *billing.Service
+	db    *store.DB
+	svc   *billing.Service
+	fleet *fleet.Service
 }
 
 // runAdmin runs "nimbus admin" with args (those after "admin"); results go
@@ -139,29 +152,34 @@ type adminRun struct {
 // answers flag.ErrHelp when usage was asked for.
 func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	words, rest, help := splitCommand(args)
+	var group map[string]adminCommand
+	if len(words) > 0 {
+		group = adminGroups[words[0]]
+	}
 	switch {
-	case len(words) == 0 || (words[0] == "billing" && len(words) == 1):
+	case len(words) == 0 || (group != nil && len(words) == 1):
 		fmt.Fprint(stderr, adminUsage)
 		if help {
 			return flag.ErrHelp
 		}
 		return errors.New("admin: missing command (nimbus admin -h lists them)")
-	case words[0] != "billing":
+	case group == nil:
 		return fmt.Errorf("admin: unknown command %q (nimbus admin -h lists them)", words[0])
 	}
+	full := strings.Join(words, " ")
 	name := strings.Join(words[1:], " ")
-	cmd, ok := adminCommands[name]
+	cmd, ok := group[name]
 	if !ok {
-		return fmt.Errorf("admin billing: unknown command %q (nimbus admin -h lists them)", name)
+		return fmt.Errorf("admin %s: unknown command %q (nimbus admin -h lists them)", words[0], name)
 	}
 
 	a := &adminRun{stdout: stdout, stderr: stderr}
-	fset := flag.NewFlagSet("nimbus admin billing "+name, flag.ContinueOnError)
+	fset := flag.NewFlagSet("nimbus admin "+full, flag.ContinueOnError)
 	fset.SetOutput(stderr)
-	a.commonFlags(fset)
+	a.commonFlags(fset, words[0] == "billing")
 	runCmd := cmd.setup(a, fset)
 	fset.Usage = func() {
-		fmt.Fprintf(fset.Output(), "Usage: nimbus admin billing %s %s\n\n%s\n\nFlags:\n", name, cmd.args, cmd.help)
+		fmt.Fprintf(fset.Output(), "Usage: nimbus admin %s %s\n\n%s\n\nFlags:\n", full, cmd.args, cmd.help)
 		fset.PrintDefaults()
 	}
 	pos, err := parseInterleaved(fset, rest)
@@ -170,9 +188,9 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	switch {
 	case cmd.nargs >= 0 && len(pos) != cmd.nargs:
-		return fmt.Errorf("admin billing %s: want %s, got %d argument(s)", name, wantArgs(cmd), len(pos))
+		return fmt.Errorf("admin %s: want %s, got %d argument(s)", full, wantArgs(cmd), len(pos))
 	case cmd.nargs < 0 && len(pos) == 0:
-		return fmt.Errorf("admin billing %s: want %s", name, cmd.args)
+		return fmt.Errorf("admin %s: want %s", full, cmd.args)
 	}
 	if a.bcfg.DefaultCreditLimit < 0 {
 		return errors.New("admin: --billing-credit-limit must not be negative")
@@ -183,18 +201,21 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}()
 	if err := runCmd(ctx, pos); err != nil {
-		return fmt.Errorf("admin billing %s: %w", name, err)
+		return fmt.Errorf("admin %s: %w", full, err)
 	}
 	return nil
 }
 
-// commonFlags are those of every command: where the store is, and the
-// controller's billing settings that these commands act on.
-func (a *adminRun) commonFlags(fs *flag.FlagSet) {
+// commonFlags are those of every command: where the store is, and, for
+// billing commands, the controller's billing settings they act on.
+func (a *adminRun) commonFlags(fs *flag.FlagSet, billingFlags bool) {
 	fs.StringVar(&a.dataDir, "data-dir", defaultDataDir(), "the controller's data directory (env NIMBUS_DATA_DIR)")
 	fs.StringVar(&a.dbURL, "database-url", os.Getenv("NIMBUS_DATABASE_URL"), "the controller's postgres://… database; default SQLite in the data directory (env NIMBUS_DATABASE_URL)")
-	fs.StringVar(&a.bcfg.Currency, "billing-currency", "RUB", "the controller's --billing-currency")
-	fs.Int64Var(&a.bcfg.DefaultCreditLimit, "billing-credit-limit", 0, "the controller's --billing-credit-limit, given to accounts these commands create")
+	a.bcfg.Currency = "RUB"
+	if billingFlags {
+		fs.StringVar(&a.bcfg.Currency, "billing-currency", "RUB", "the controller's --billing-currency")
+		fs.Int64Var(&a.bcfg.DefaultCreditLimit, "billing-credit-limit", 0, "the controller's --billing-credit-limit, given to accounts these commands create")
+	}
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
 }
 
@@ -204,12 +225,14 @@ func (a *adminRun) commonFlags(fs *flag.FlagSet) {
 func splitCommand(args []string) (words, rest []string, help bool) {
 	// Which flags take a value, learnt from the commands themselves.
 	takesValue := map[string]bool{}
-	for _, c := range adminCommands {
-		fs := flag.NewFlagSet("", flag.ContinueOnError)
-		a := &adminRun{}
-		a.commonFlags(fs)
-		c.setup(a, fs)
-		fs.VisitAll(func(f *flag.Flag) { takesValue[f.Name] = !isBoolFlag(f) })
+	for g, cmds := range adminGroups {
+		for _, c := range cmds {
+			fs := flag.NewFlagSet("", flag.ContinueOnError)
+			a := &adminRun{}
+			a.commonFlags(fs, g == "billing")
+			c.setup(a, fs)
+			fs.VisitAll(func(f *flag.Flag) { takesValue[f.Name] = !isBoolFlag(f) })
+		}
 	}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -217,7 +240,7 @@ func splitCommand(args []string) (words, rest []string, help bool) {
 		case a == "--":
 			return words, append(rest, args[i:]...), help
 		case len(a) < 2 || a[0] != '-' || isNumber(a):
-			if len(words) < 2 || (len(words) == 2 && isCommand(words[1]+" "+a)) {
+			if len(words) < 2 || (len(words) == 2 && isCommand(words[0], words[1]+" "+a)) {
 				words = append(words, a)
 			} else {
 				rest = append(rest, a)
@@ -235,8 +258,8 @@ func splitCommand(args []string) (words, rest []string, help bool) {
 	return words, rest, help
 }
 
-func isCommand(name string) bool {
-	_, ok := adminCommands[name]
+func isCommand(group, name string) bool {
+	_, ok := adminGroups[group][name]
 	return ok
 }
 
@@ -364,6 +387,7 @@ func (a *adminRun) open(ctx context.Context) error {
 	cfg := a.bcfg
 	cfg.Log = slog.New(slog.NewTextHandler(a.stderr, nil))
 	a.svc = billing.New(db, cfg)
+	a.fleet = fleet.New(db, fleet.Config{Log: cfg.Log})
 	return nil
 }
 

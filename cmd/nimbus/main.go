@@ -1,6 +1,7 @@
 // Command nimbus is the whole Nimbus cloud in one binary.
 //
-//	nimbus serve [flags]   run a controller (identity, compute, image, network)
+//	nimbus serve [flags]   run a controller (identity, compute, image, network, billing) and its local agent
+//	nimbus agent [flags]   run a host agent, one per hypervisor host
 //	nimbus admin …         the operator's commands on the controller's database
 //	nimbus version         print the version
 package main
@@ -22,6 +23,8 @@ func main() {
 	switch os.Args[1] {
 	case "serve":
 		err = serve(os.Args[2:])
+	case "agent":
+		err = agentCmd(os.Args[2:])
 	case "bench":
 		err = bench(os.Args[2:])
 	case "admin":
@@ -46,6 +49,7 @@ func usage() {
 
 Commands:
   serve     run a Nimbus controller with its local fleet
+  agent     run a host agent on a hypervisor host (see nimbus agent -h)
   bench     measure a running or in-process Nimbus (see nimbus bench -h)
   admin     the operator's commands, e.g. nimbus admin billing run (see nimbus admin -h)
   version   print the version

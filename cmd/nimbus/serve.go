@@ -14,6 +14,7 @@ import (
 	"nimbus/internal/billing"
 	"nimbus/internal/cloud"
 	"nimbus/internal/driver/fake"
+	"nimbus/internal/fleet"
 	"nimbus/internal/scheduler"
 )
 
@@ -43,12 +44,17 @@ func serve(args []string) error {
 	fs.IntVar(&cfg.Ports.Image, "image-port", cfg.Ports.Image, "image (Glance v2) port")
 	fs.IntVar(&cfg.Ports.Network, "network-port", cfg.Ports.Network, "network (Neutron v2.0) port")
 	fs.IntVar(&cfg.Ports.Billing, "billing-port", cfg.Ports.Billing, "billing API port")
+	fs.IntVar(&cfg.Ports.Agent, "agent-port", cfg.Ports.Agent, "agent API port, where host agents connect")
+	fs.BoolVar(&cfg.NoLocalAgent, "no-local-agent", false, "run the controller alone: no local agent with the fake fleet; hosts come from nimbus agent")
+	fs.DurationVar(&cfg.DownAfter, "down-after", fleet.DefaultDownAfter, "a host not heard from for this long is down")
+	fs.DurationVar(&cfg.AgentHeartbeat, "heartbeat", 10*time.Second, "how often the local agent reports")
+	fs.DurationVar(&cfg.OpTimeout, "op-timeout", fleet.DefaultOpTimeout, "how long a hypervisor operation may wait for its host's agent")
 	fs.StringVar(&cfg.AdminPassword, "admin-password", os.Getenv("NIMBUS_ADMIN_PASSWORD"), "admin password on first start; default generated (env NIMBUS_ADMIN_PASSWORD)")
 	fs.StringVar(&cfg.DemoPassword, "demo-password", os.Getenv("NIMBUS_DEMO_PASSWORD"), "demo password on first start; default generated (env NIMBUS_DEMO_PASSWORD)")
 	fs.DurationVar(&cfg.TokenTTL, "token-ttl", time.Hour, "token lifetime")
-	fs.StringVar(&cfg.Driver, "driver", "fake", "hypervisor driver: fake")
-	fleetFile := fs.String("fleet", "", "JSON file describing the fake fleet's hosts (default: a demo fleet)")
-	fs.DurationVar(&cfg.FakeDelay, "fake-delay", 500*time.Millisecond, "how long the fake driver takes per step")
+	fs.StringVar(&cfg.Driver, "driver", "fake", "the local agent's hypervisor driver: fake")
+	fleetFile := fs.String("fleet", "", "JSON file describing the local agent's fake hosts (default: a demo fleet)")
+	fs.DurationVar(&cfg.FakeDelay, "fake-delay", 500*time.Millisecond, "how long the local agent's fake driver takes per step")
 	fs.StringVar(&cfg.Billing.Currency, "billing-currency", "RUB", "ISO 4217 code of all amounts")
 	fs.Int64Var(&cfg.Billing.MinTopup, "billing-min-topup", 10000, "smallest top-up, in minor units (10000 = 100.00)")
 	fs.Int64Var(&cfg.Billing.DefaultCreditLimit, "billing-credit-limit", 0, "credit limit of new accounts, in minor units")
@@ -70,6 +76,9 @@ func serve(args []string) error {
 		if _, err := billing.ParseRate(cfg.Billing.PresentationRate); err != nil {
 			return fmt.Errorf("--billing-presentation-rate: %w", err)
 		}
+	}
+	if cfg.DownAfter <= 0 || cfg.AgentHeartbeat <= 0 || cfg.OpTimeout <= 0 {
+		return fmt.Errorf("--down-after, --heartbeat and --op-timeout must be positive")
 	}
 	if cfg.Billing.MinTopup < 1 || cfg.Billing.DefaultCreditLimit < 0 || cfg.DemoCredit < 0 {
 		return fmt.Errorf("--billing-min-topup must be positive, --billing-credit-limit and --demo-credit not negative")
@@ -102,13 +111,14 @@ func serve(args []string) error {
   image     %s
   network   %s
   billing   %s
+  agents    %s
   CA file   %s
   clouds    %s  (clouds nimbus-admin and nimbus-demo)
 
 Try:
   export OS_CLIENT_CONFIG_FILE=%s
   openstack --os-cloud nimbus-demo server list
-`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.BillingURL, c.CACertFile, c.CloudsFile, c.CloudsFile)
+`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.BillingURL, c.AgentURL, c.CACertFile, c.CloudsFile, c.CloudsFile)
 	log.Info("nimbus started", "data_dir", cfg.DataDir, "identity", c.IdentityURL, "clouds_yaml", c.CloudsFile)
 	<-ctx.Done()
 	log.Info("nimbus stopping")

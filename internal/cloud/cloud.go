@@ -1,8 +1,10 @@
 // Package cloud assembles a whole Nimbus controller from its services: it
 // opens the store, makes the TLS certificate, bootstraps the first accounts,
-// builds identity, compute, image and network, and serves each on its own
-// HTTPS listener. cmd/nimbus and the end-to-end tests both start a cloud
-// through it.
+// builds identity, compute, image, network, billing and the fleet, and
+// serves each on its own HTTPS listener. Unless told otherwise it also runs
+// a local agent in the same process, presenting the fake fleet, so that one
+// box is a whole cloud. cmd/nimbus and the end-to-end tests both start a
+// cloud through it.
 package cloud
 
 import (
@@ -16,17 +18,20 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"nimbus/internal/agent"
 	"nimbus/internal/api"
 	"nimbus/internal/billing"
 	"nimbus/internal/compute"
 	"nimbus/internal/driver"
 	"nimbus/internal/driver/fake"
+	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
 	"nimbus/internal/image"
 	"nimbus/internal/network"
@@ -36,13 +41,14 @@ import (
 )
 
 // Ports are the listening ports of the services; 0 picks a free port.
+// Agent is the agent API's, which host agents connect to.
 type Ports struct {
-	Identity, Compute, Image, Network, Billing int
+	Identity, Compute, Image, Network, Billing, Agent int
 }
 
 // DefaultPorts are the spec's and OpenStack's ports; billing takes the port
 // of OpenStack's rating service (CloudKitty).
-var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696, Billing: 8889}
+var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696, Billing: 8889, Agent: 8790}
 
 // Config is what a controller needs to start.
 type Config struct {
@@ -55,11 +61,22 @@ type Config struct {
 	// on first start; empty means generate.
 	AdminPassword, DemoPassword string
 	TokenTTL                    time.Duration
-	// Driver is "fake" (the default). Fleet overrides the fake fleet; nil
-	// means fake.DefaultFleet. FakeDelay scales the fake driver's delays.
+	// Driver is the local agent's driver: "fake" (the default). Fleet
+	// overrides the fake fleet; nil means fake.DefaultFleet. FakeDelay
+	// scales the fake driver's delays.
 	Driver    string
 	Fleet     []driver.Host
 	FakeDelay time.Duration
+	// NoLocalAgent runs a controller alone: its hosts are those of the
+	// agents that enrol with it ("nimbus agent"). Otherwise an agent in
+	// this process presents the fake fleet over the agent API, and Start
+	// returns once its hosts are registered.
+	NoLocalAgent bool
+	// DownAfter is how long a host may go without a heartbeat before it
+	// is down, AgentHeartbeat how often the local agent reports, OpTimeout
+	// how long a driver call waits for its agent; 0 means the defaults
+	// (60 s, 10 s, 10 min).
+	DownAfter, AgentHeartbeat, OpTimeout time.Duration
 	// PlainHTTP serves without TLS, for benchmarks that measure the API
 	// alone. Never the default.
 	PlainHTTP bool
@@ -85,16 +102,26 @@ type Cloud struct {
 	Images   *image.Service
 	Networks *network.Service
 	Billing  *billing.Service
-	Driver   driver.Driver
-	// URLs of the services as put in the catalog.
-	IdentityURL, ComputeURL, ImageURL, NetworkURL, BillingURL string
+	// Fleet is the controller's side of the hosts, and Driver (the same)
+	// the driver compute drives.
+	Fleet  *fleet.Service
+	Driver driver.Driver
+	// Agent and Fake are the local agent and its fake driver (nil with
+	// NoLocalAgent); tests inject failures through Fake and report a change
+	// at once with Agent.Heartbeat.
+	Agent *agent.Agent
+	Fake  *fake.Driver
+	// URLs of the services as put in the catalog, and of the agent API.
+	IdentityURL, ComputeURL, ImageURL, NetworkURL, BillingURL, AgentURL string
 	// Files the operator needs.
 	CACertFile, CloudsFile string
 	Secrets                Secrets
 
-	servers []*http.Server
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	servers     []*http.Server
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	agentCancel context.CancelFunc
+	agentDone   chan struct{}
 }
 
 // Start brings a controller up. It returns once every listener is bound.
@@ -141,7 +168,8 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	for _, p := range []struct {
 		name string
 		port int
-	}{{"identity", cfg.Ports.Identity}, {"compute", cfg.Ports.Compute}, {"image", cfg.Ports.Image}, {"network", cfg.Ports.Network}, {"billing", cfg.Ports.Billing}} {
+	}{{"identity", cfg.Ports.Identity}, {"compute", cfg.Ports.Compute}, {"image", cfg.Ports.Image}, {"network", cfg.Ports.Network},
+		{"billing", cfg.Ports.Billing}, {"agent", cfg.Ports.Agent}} {
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Listen, strconv.Itoa(p.port)))
 		if err != nil {
 			for _, l := range lns {
@@ -164,17 +192,22 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.ImageURL = url("image", "")
 	c.NetworkURL = url("network", "")
 	c.BillingURL = url("billing", "")
+	agentPort := strconv.Itoa(lns["agent"].Addr().(*net.TCPAddr).Port)
+	c.AgentURL = "https://" + net.JoinHostPort(cfg.PublicHost, agentPort)
 
-	var tlsCfg *tls.Config
+	// The agent API is HTTPS even when the services are not: agents'
+	// credentials cross the network.
 	files := pki.FilesIn(cfg.DataDir)
 	c.CACertFile = files.CACert
+	cert, err := pki.Ensure(files, pki.DefaultHosts(cfg.Listen, cfg.PublicHost))
+	if err != nil {
+		closeAll(lns)
+		return nil, err
+	}
+	agentTLS := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	var tlsCfg *tls.Config
 	if !cfg.PlainHTTP {
-		cert, err := pki.Ensure(files, pki.DefaultHosts(cfg.Listen, cfg.PublicHost))
-		if err != nil {
-			closeAll(lns)
-			return nil, err
-		}
-		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		tlsCfg = agentTLS
 	}
 
 	// Services.
@@ -192,13 +225,26 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	bcfg := cfg.Billing
 	bcfg.Log = cfg.Log
 	c.Billing = billing.New(db, bcfg)
-	if c.Driver, err = newDriver(cfg); err != nil {
-		closeAll(lns)
-		return nil, err
-	}
+	c.Fleet = fleet.New(db, fleet.Config{DownAfter: cfg.DownAfter, OpTimeout: cfg.OpTimeout, Log: cfg.Log})
+	c.Driver = c.Fleet
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks,
 		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, Log: cfg.Log})
 	c.Billing.SetSuspender(c.Compute)
+	runCtx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+
+	// The agent API comes first: the local agent registers the hosts that
+	// bootstrapping compute then gives services.
+	c.serve("agent", lns["agent"], withOps(c.Fleet.Handler(), opsHandler(c)), agentTLS)
+	delete(lns, "agent")
+	c.wg.Add(1)
+	go func() { defer c.wg.Done(); c.Fleet.Run(runCtx) }()
+	if !cfg.NoLocalAgent {
+		if err := c.startLocalAgent(ctx); err != nil {
+			closeAll(lns)
+			return nil, err
+		}
+	}
 
 	if err := c.bootstrap(ctx); err != nil {
 		closeAll(lns)
@@ -215,31 +261,9 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	// Keystone itself names its versioned URL in WWW-Authenticate; the other
 	// services' keystonemiddleware names the root (wire captures 08, 09, 40).
 	handlers["identity"].(*api.Service).AuthURL = c.IdentityURL
-	runCtx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
 	ops := opsHandler(c)
 	for name, ln := range lns {
-		srv := &http.Server{
-			Handler:           withOps(handlers[name], ops),
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       120 * time.Second,
-			ErrorLog:          slog.NewLogLogger(cfg.Log.Handler(), slog.LevelWarn),
-		}
-		c.servers = append(c.servers, srv)
-		c.wg.Add(1)
-		go func(ln net.Listener) {
-			defer c.wg.Done()
-			var err error
-			if tlsCfg != nil {
-				srv.TLSConfig = tlsCfg.Clone()
-				err = srv.ServeTLS(ln, "", "")
-			} else {
-				err = srv.Serve(ln)
-			}
-			if err != nil && !errors.Is(err, http.ErrServerClosed) {
-				cfg.Log.Error("listener stopped", "service", name, "error", err)
-			}
-		}(ln)
+		c.serve(name, ln, withOps(handlers[name], ops), tlsCfg)
 	}
 	c.wg.Add(3)
 	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
@@ -247,6 +271,108 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	go func() { defer c.wg.Done(); c.housekeeping(runCtx) }()
 	ok = true
 	return c, nil
+}
+
+// serve serves h on ln, over TLS when tlsCfg is set.
+func (c *Cloud) serve(name string, ln net.Listener, h http.Handler, tlsCfg *tls.Config) {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(c.Config.Log.Handler(), slog.LevelWarn),
+	}
+	c.servers = append(c.servers, srv)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		var err error
+		if tlsCfg != nil {
+			srv.TLSConfig = tlsCfg.Clone()
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			c.Config.Log.Error("listener stopped", "service", name, "error", err)
+		}
+	}()
+}
+
+// localAgentWait bounds how long Start waits for the local agent's hosts.
+const localAgentWait = 30 * time.Second
+
+// startLocalAgent runs the in-process agent with the fake fleet: the same
+// agent as "nimbus agent", over HTTPS on loopback, with a credential the
+// controller makes for it (kept in the data directory like a remote
+// agent's). It returns once the agent's hosts are registered and its VMs
+// reported, so that compute's start-up reconcile sees them.
+func (c *Cloud) startLocalAgent(ctx context.Context) error {
+	cfg := c.Config
+	fd, err := newDriver(cfg)
+	if err != nil {
+		return err
+	}
+	c.Fake = fd
+	id, err := agent.LoadIdentity(cfg.DataDir)
+	known := false
+	if err == nil {
+		if known, err = c.Fleet.AgentExists(ctx, id.AgentID); err != nil {
+			return err
+		}
+	}
+	if !known {
+		// First start, or a database that does not know the saved agent
+		// (a new PostgreSQL database, an install from before the fleet).
+		aid, cred, err := c.Fleet.NewAgent(ctx, "local")
+		if err != nil {
+			return fmt.Errorf("cloud: local agent: %w", err)
+		}
+		if err := agent.SaveIdentity(cfg.DataDir, agent.Identity{AgentID: aid, Credential: cred, Controller: "local"}); err != nil {
+			return err
+		}
+	}
+	port := c.AgentURL[strings.LastIndexByte(c.AgentURL, ':')+1:]
+	c.Agent, err = agent.New(agent.Config{
+		ControllerURL: "https://" + net.JoinHostPort(loopback(cfg.Listen), port),
+		CACertFile:    c.CACertFile, DataDir: cfg.DataDir, Name: "local", Driver: fd,
+		Heartbeat: cfg.AgentHeartbeat, Log: cfg.Log.With("component", "agent"),
+	})
+	if err != nil {
+		return err
+	}
+	actx, cancel := context.WithCancel(context.Background())
+	c.agentCancel, c.agentDone = cancel, make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		defer close(c.agentDone)
+		errc <- c.Agent.Run(actx)
+	}()
+	t := time.NewTimer(localAgentWait)
+	defer t.Stop()
+	select {
+	case <-c.Agent.Ready():
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("cloud: local agent stopped: %v", err)
+	case <-t.C:
+		return fmt.Errorf("cloud: the local agent did not register its hosts within %s (see the log)", localAgentWait)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// loopback is the address the local agent dials to reach listen.
+func loopback(listen string) string {
+	ip := net.ParseIP(listen)
+	switch {
+	case ip == nil:
+		return listen // a host name
+	case ip.IsUnspecified() && ip.To4() == nil:
+		return "::1"
+	case ip.IsUnspecified():
+		return "127.0.0.1"
+	}
+	return listen
 }
 
 func closeAll(lns map[string]net.Listener) {
@@ -272,7 +398,8 @@ func service(name string, render api.ErrorRenderer, auth api.Authenticator, auth
 	return s
 }
 
-func newDriver(cfg Config) (driver.Driver, error) {
+// newDriver makes the local agent's driver.
+func newDriver(cfg Config) (*fake.Driver, error) {
 	switch cfg.Driver {
 	case "", "fake":
 		fleet := cfg.Fleet
@@ -337,8 +464,16 @@ func (c *Cloud) housekeeping(ctx context.Context) {
 	}
 }
 
-// Close stops the listeners and loops and closes the store.
+// Close stops the local agent, the listeners and loops, and closes the
+// store. Work under way stays recorded and resumes after a restart.
 func (c *Cloud) Close() error {
+	if c.agentCancel != nil {
+		c.agentCancel()
+		<-c.agentDone
+	}
+	if c.Fleet != nil {
+		c.Fleet.Close() // ends agents' long-polls, which would hold Shutdown up
+	}
 	for _, s := range c.servers {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		s.Shutdown(ctx)

@@ -807,6 +807,10 @@ func (s *Service) actConsole(r *http.Request, arg json.RawMessage) (*api.Respons
 	if err == driver.ErrNotFound {
 		return nil, api.NotFound("Guest does not have a console available.")
 	}
+	if errors.Is(err, driver.ErrHostDown) {
+		// nova.exception.ComputeServiceUnavailable's words.
+		return nil, api.Conflict("Compute service of %s is unavailable at this time.", sv.Host)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -96,8 +96,11 @@ func TestHypervisors(t *testing.T) {
 			t.Errorf("page %v", page)
 		}
 
-		// A host that stops answering is down.
-		e.c.Driver.(*fake.Driver).SetHostUp("fake-host-2", false)
+		// A host that stops answering is down, once its agent reports it.
+		e.c.Fake.SetHostUp("fake-host-2", false)
+		if err := e.c.Agent.Heartbeat(ctx); err != nil {
+			t.Fatal(err)
+		}
 		h2 := rsList(e.must(200, "GET", "/os-hypervisors?hypervisor_hostname_pattern=fake-host-2", e.admin, "2.53", ""), "hypervisors")[0].(map[string]any)
 		if h2["state"] != "down" {
 			t.Errorf("down host shows %v", h2)

@@ -104,12 +104,18 @@ func (s *Service) ensureServices(ctx context.Context, revive bool) error {
 	}
 	if !revive {
 		// The cheap path for every scheduling call: nothing to do when
-		// each wanted service has a row.
-		var n int
-		if err := s.db.QueryRow(ctx, "SELECT COUNT(*) FROM compute_services").Scan(&n); err != nil {
+		// each wanted service has a row. (Not a count: other controllers'
+		// services are rows too, and hosts join whenever their agents
+		// register.)
+		have, err := serviceKeys(ctx, s.db)
+		if err != nil {
 			return err
 		}
-		if n >= len(wants) {
+		missing := false
+		for _, w := range wants {
+			missing = missing || !have[w.host+"\x00"+w.binary]
+		}
+		if !missing {
 			return nil
 		}
 	}
@@ -155,6 +161,25 @@ func (s *Service) ensureServices(ctx context.Context, revive bool) error {
 		}
 		return nil
 	})
+}
+
+// serviceKeys answers the host and binary of every service row, deleted or
+// not, as host + "\x00" + binary.
+func serviceKeys(ctx context.Context, q store.Querier) (map[string]bool, error) {
+	rows, err := q.Query(ctx, "SELECT host, binary_name FROM compute_services")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var host, bin string
+		if err := rows.Scan(&host, &bin); err != nil {
+			return nil, err
+		}
+		out[host+"\x00"+bin] = true
+	}
+	return out, rows.Err()
 }
 
 func cmpOr(a, b string) string {

@@ -3,10 +3,12 @@ package compute
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
 
+	"nimbus/internal/driver"
 	"nimbus/internal/driver/fake"
 	"nimbus/internal/store"
 )
@@ -81,6 +83,64 @@ func TestEnabledHosts(t *testing.T) {
 	}
 	if got := hostNames(t, s); len(got) != 5 {
 		t.Fatalf("after recovery %v", got)
+	}
+}
+
+// TestServicesForNewHosts: a host that joins later (its agent registered
+// it) gets its compute service and is scheduled to, even when other
+// controllers' services share the table.
+func TestServicesForNewHosts(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newResourceService(t)
+	for i, bin := range []string{binScheduler, binConductor} {
+		if _, err := s.db.Exec(ctx, `INSERT INTO compute_services (id, uuid, host, binary_name, zone, node_id, node_uuid,
+ created_at, updated_at) VALUES (?, ?, 'other-controller', ?, 'internal', 0, '', '', '')`, 1000+i, fmt.Sprint("u", i), bin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hosts := append(fake.DefaultFleet(), driver.Host{Name: "fake-host-5", VCPUs: 8, MemoryMB: 8192, DiskGB: 100, Up: true})
+	drv, err := fake.New(fake.Config{Hosts: hosts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grown := New(Deps{DB: s.db, Driver: drv})
+	if got := hostNames(t, grown); !slices.Contains(got, "fake-host-5") {
+		t.Fatalf("enabled hosts %v lack the new host", got)
+	}
+}
+
+// TestHostStates checks host_status as Nova derives it from the host's
+// compute service: forced down is DOWN, disabled MAINTENANCE, not up (the
+// host stopped reporting) UNKNOWN.
+func TestHostStates(t *testing.T) {
+	ctx := context.Background()
+	s, drv := newResourceService(t)
+	set := func(host, action string, forced bool) {
+		err := s.db.Tx(ctx, func(tx *store.Tx) error {
+			sv, err := scanService(tx.QueryRow(ctx, "SELECT "+serviceColumns+" FROM compute_services WHERE host = ? AND binary_name = ?", host, binCompute))
+			if err != nil {
+				return err
+			}
+			return s.setService(ctx, tx, sv, action, "test", forced)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("fake-host-1", "disable-log-reason", false)
+	set("fake-host-2", "force-down", true)
+	drv.SetHostUp("fake-host-3", false)
+	// Forced down wins over disabled and over a host that does not answer.
+	set("fake-host-4", "disable", false)
+	set("fake-host-4", "force-down", true)
+	drv.SetHostUp("fake-host-4", false)
+	got := s.hostStates(ctx)
+	want := map[string]string{"fake-host-1": "MAINTENANCE", "fake-host-2": "DOWN", "fake-host-3": "UNKNOWN",
+		"fake-host-4": "DOWN", "fake-gpu-host-1": "UP"}
+	for h, w := range want {
+		if got[h] != w {
+			t.Errorf("host_status of %s is %q, want %q", h, got[h], w)
+		}
 	}
 }
 

@@ -105,27 +105,33 @@ func (s *Service) newViewCtx(r *http.Request, svs []*server) (*viewCtx, error) {
 	return vc, nil
 }
 
-// hostStates gives Nova's host_status per host: UP, DOWN, MAINTENANCE
-// (compute service disabled), UNKNOWN.
+// hostStates gives Nova's host_status per host with a compute service
+// (nova/compute/api.py get_instance_host_status): DOWN when the service is
+// forced down, MAINTENANCE when it is disabled, UNKNOWN when it is not up
+// (its host stopped reporting: it may well still run the server), else UP.
 func (s *Service) hostStates(ctx context.Context) map[string]string {
 	out := map[string]string{}
-	all, err := s.driver.Hosts(ctx)
+	hosts, err := s.fleet(ctx)
 	if err != nil {
 		return out
 	}
-	enabled, _ := s.enabledHosts(ctx)
-	en := map[string]bool{}
-	for _, h := range enabled {
-		en[h.Name] = true
+	svcs, err := loadServices(ctx, s.db)
+	if err != nil {
+		return out
 	}
-	for _, h := range all {
+	for _, sv := range svcs {
+		if sv.Binary != binCompute {
+			continue
+		}
 		switch {
-		case !h.Up:
-			out[h.Name] = "DOWN"
-		case !en[h.Name]:
-			out[h.Name] = "MAINTENANCE"
+		case sv.ForcedDown:
+			out[sv.Host] = "DOWN"
+		case sv.Disabled:
+			out[sv.Host] = "MAINTENANCE"
+		case !serviceUp(sv, hosts):
+			out[sv.Host] = "UNKNOWN"
 		default:
-			out[h.Name] = "UP"
+			out[sv.Host] = "UP"
 		}
 	}
 	return out

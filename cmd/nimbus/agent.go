@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"nimbus/internal/agent"
+	"nimbus/internal/driver"
+	"nimbus/internal/driver/fake"
+)
+
+// defaultAgentDataDir is where an agent keeps its identity and journals: a
+// directory of its own, so that an agent beside a controller does not take
+// the controller's local agent's files.
+func defaultAgentDataDir() string {
+	if d := os.Getenv("NIMBUS_AGENT_DATA_DIR"); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/lib/nimbus-agent"
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "nimbus-agent")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "share", "nimbus-agent")
+}
+
+// agentCmd is "nimbus agent": one per hypervisor host.
+func agentCmd(args []string) error {
+	fs := flag.NewFlagSet("agent", flag.ExitOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: nimbus agent --controller https://HOST:8790 --ca-cert ca.pem [--token TOKEN] [flags]
+
+Runs the host agent: it enrols with the controller (the first time, with a
+token from "nimbus admin host token"), registers this host's hypervisor,
+and runs the controller's work on it. Later starts reuse the credential
+saved in the data directory.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	hostname, _ := os.Hostname()
+	var cfg agent.Config
+	fs.StringVar(&cfg.ControllerURL, "controller", os.Getenv("NIMBUS_CONTROLLER"), "the controller's agent API, https://host:8790 (env NIMBUS_CONTROLLER)")
+	fs.StringVar(&cfg.CACertFile, "ca-cert", os.Getenv("NIMBUS_CA_CERT"), "the CA that signed the controller's certificate (its data directory's ca.pem); default the system's roots (env NIMBUS_CA_CERT)")
+	fs.StringVar(&cfg.Token, "token", "", "one-time enrolment token, needed on first start only (prefer env NIMBUS_AGENT_TOKEN: flags show in ps)")
+	fs.StringVar(&cfg.DataDir, "data-dir", defaultAgentDataDir(), "directory for the agent's credential and journals (env NIMBUS_AGENT_DATA_DIR)")
+	fs.StringVar(&cfg.Name, "name", hostname, "how the operator sees this agent")
+	drv := fs.String("driver", "fake", "hypervisor driver: fake")
+	fleetFile := fs.String("fleet", "", "JSON list of the hosts the fake driver presents (default: one host named after this machine)")
+	fakeDelay := fs.Duration("fake-delay", 500*time.Millisecond, "how long the fake driver takes per step")
+	fs.DurationVar(&cfg.Heartbeat, "heartbeat", 10*time.Second, "how often to report to the controller")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Parse(args)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("agent: unexpected arguments %v", fs.Args())
+	}
+	if cfg.Token == "" {
+		cfg.Token = os.Getenv("NIMBUS_AGENT_TOKEN")
+	}
+	if cfg.ControllerURL == "" {
+		return errors.New("agent: --controller is required (the controller's agent API, https://host:8790)")
+	}
+	if cfg.Heartbeat <= 0 {
+		return errors.New("agent: --heartbeat must be positive")
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	cfg.Log = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	slog.SetDefault(cfg.Log)
+
+	switch *drv {
+	case "fake":
+		hosts := []driver.Host{{Name: hostname, IP: "192.0.2.100", VCPUs: 64, MemoryMB: 256 * 1024, DiskGB: 4000, Zone: "nova",
+			Hypervisor: "fake", Version: 1000, Up: true}}
+		if *fleetFile != "" {
+			var err error
+			if hosts, err = fake.LoadFleet(*fleetFile); err != nil {
+				return err
+			}
+		}
+		// The fake's VMs live in the agent's data directory, as a real
+		// hypervisor's live on its host.
+		d, err := fake.New(fake.Config{Hosts: hosts, Delay: *fakeDelay, StateFile: filepath.Join(cfg.DataDir, "fake-fleet.json")})
+		if err != nil {
+			return err
+		}
+		cfg.Driver = d
+	default:
+		return fmt.Errorf("agent: unknown driver %q (this build has: fake)", *drv)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return agent.Run(ctx, cfg)
+}

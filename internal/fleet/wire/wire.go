@@ -1,0 +1,203 @@
+// Package wire is the protocol between host agents (internal/agent) and
+// controllers (internal/fleet): the paths and JSON bodies of the agent API,
+// served over HTTPS on the controller's agent port.
+//
+// An agent enrols once with a one-time token and from then on sends its
+// credential as "Authorization: Bearer <credential>". It registers the hosts
+// it presents, heartbeats their health and its VMs' power states, long-polls
+// for ops (saying which ones it already holds, so that only new ones come
+// back and a lost response is simply delivered again) and posts their
+// results, which the controller records at most once.
+package wire
+
+import (
+	"encoding/json"
+
+	"nimbus/internal/driver"
+)
+
+// The agent API's paths.
+const (
+	PathEnrol     = "/v1/agent/enrol"
+	PathHosts     = "/v1/agent/hosts"
+	PathHeartbeat = "/v1/agent/heartbeat"
+	PathPoll      = "/v1/agent/ops/poll"
+	PathResults   = "/v1/agent/ops/results"
+)
+
+// Op kinds: one per per-server driver call.
+const (
+	KindSpawn    = "spawn"
+	KindDestroy  = "destroy"
+	KindPowerOff = "power_off"
+	KindPowerOn  = "power_on"
+	KindReboot   = "reboot"
+	KindPause    = "pause"
+	KindUnpause  = "unpause"
+	KindSuspend  = "suspend"
+	KindResume   = "resume"
+	KindResize   = "resize"
+	KindSnapshot = "snapshot"
+	KindConsole  = "console"
+)
+
+// Error codes, in error bodies and in op results.
+const (
+	CodeBadRequest   = "bad_request"
+	CodeUnauthorized = "unauthorized"
+	CodeNotFound     = "not_found" // an API object, or (in a result) driver.ErrNotFound
+	CodeConflict     = "conflict"
+	CodeTooLarge     = "too_large"
+	CodeMethod       = "method_not_allowed"
+	CodeInternal     = "internal"
+	CodeHostDown     = "host_down" // in a result: driver.ErrHostDown
+	CodeFailed       = "failed"    // in a result: any other driver error
+)
+
+// Error is what went wrong.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// ErrorBody is every error response: {"error": {"code", "message"}}.
+type ErrorBody struct {
+	Error Error `json:"error"`
+}
+
+// EnrolRequest trades a one-time token for a credential. Name is how the
+// operator will see the agent (its host name by default).
+type EnrolRequest struct {
+	Token string `json:"token"`
+	Name  string `json:"name"`
+}
+
+// EnrolResponse is the agent's identity: Credential is shown once.
+type EnrolResponse struct {
+	AgentID    string `json:"agent_id"`
+	Credential string `json:"credential"`
+}
+
+// HostsRequest registers (or updates) the hosts an agent presents, with
+// their inventory. Hosts it presented before and leaves out are no longer
+// its own.
+type HostsRequest struct {
+	Hosts []driver.Host `json:"hosts"`
+}
+
+// HostsResponse says which hosts are now the agent's. A host that another
+// agent presents and that is still up is refused (two agents must not
+// drive one hypervisor); the agent may try again later.
+type HostsResponse struct {
+	Registered []string  `json:"registered"`
+	Refused    []Refusal `json:"refused,omitempty"`
+}
+
+// Refusal is a host not registered, and why.
+type Refusal struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+}
+
+// HostStatus is one host's health in a heartbeat.
+type HostStatus struct {
+	Name   string `json:"name"`
+	Up     bool   `json:"up"`
+	Health string `json:"health,omitempty"`
+}
+
+// Instance is one VM in a heartbeat.
+type Instance struct {
+	ID    string            `json:"id"`
+	Host  string            `json:"host"`
+	Power driver.PowerState `json:"power_state"`
+}
+
+// Heartbeat says the agent is alive, how its hosts are, and every VM it has
+// with its power state. Observed is the agent's clock (unix ns) when it
+// looked: a report older than what the controller holds changes nothing.
+type Heartbeat struct {
+	Observed  int64        `json:"observed"`
+	Hosts     []HostStatus `json:"hosts"`
+	Instances []Instance   `json:"instances"`
+}
+
+// HeartbeatResponse tells the agent the controller's settings and the
+// hosts it holds as the agent's: one missing calls for registering again.
+type HeartbeatResponse struct {
+	DownAfterSeconds float64  `json:"down_after_seconds"`
+	Hosts            []string `json:"hosts"`
+}
+
+// PollRequest asks for ops. Have lists the ops the agent holds (running,
+// or finished with the result not yet accepted), which are not sent again;
+// WaitMS is how long to wait for one (the controller caps it).
+type PollRequest struct {
+	Have   []string `json:"have"`
+	WaitMS int      `json:"wait_ms"`
+}
+
+// Op is one piece of work for a server on one of the agent's hosts, in the
+// order the controller made them.
+type Op struct {
+	ID       string          `json:"id"`
+	Key      string          `json:"key"`
+	Host     string          `json:"host"`
+	ServerID string          `json:"server_id"`
+	Kind     string          `json:"kind"`
+	Args     json.RawMessage `json:"args,omitempty"`
+}
+
+// PollResponse is the ops not in Have; empty when none came in time.
+type PollResponse struct {
+	Ops []Op `json:"ops"`
+}
+
+// Result is how an op ended. Power is the server's power state right after
+// (absent when unknown), observed at Observed (the agent's clock, unix ns).
+type Result struct {
+	OpID     string             `json:"op_id"`
+	OK       bool               `json:"ok"`
+	Error    *Error             `json:"error,omitempty"`
+	Result   json.RawMessage    `json:"result,omitempty"`
+	Power    *driver.PowerState `json:"power_state,omitempty"`
+	Observed int64              `json:"observed"`
+}
+
+// ResultsRequest posts finished ops; posting one again is harmless.
+type ResultsRequest struct {
+	Results []Result `json:"results"`
+}
+
+// ResultsResponse lists the op ids the agent may forget: recorded now or
+// before, or unknown to the controller (expired, or not its own).
+type ResultsResponse struct {
+	Done []string `json:"done"`
+}
+
+// Op arguments and results, by kind. Spawn and resize take a driver.Spec.
+
+// PowerOffArgs are a power_off's arguments.
+type PowerOffArgs struct {
+	Graceful bool `json:"graceful"`
+}
+
+// RebootArgs are a reboot's arguments.
+type RebootArgs struct {
+	Hard bool `json:"hard"`
+}
+
+// ConsoleArgs are a console read's arguments.
+type ConsoleArgs struct {
+	Lines int `json:"lines"`
+}
+
+// SnapshotResult is a snapshot's result.
+type SnapshotResult struct {
+	SizeBytes int64 `json:"size_bytes"`
+}
+
+// ConsoleResult is a console read's result.
+type ConsoleResult struct {
+	Output string `json:"output"`
+}
