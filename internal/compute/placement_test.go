@@ -705,3 +705,55 @@ func TestGroupsAndHints(t *testing.T) {
 		placementInvariants(t, e.c.DB, smallFleet())
 	})
 }
+
+// TestHostDownWaits: work for a server whose host is down waits for the
+// host instead of failing the server, the server shows host_status
+// UNKNOWN meanwhile, and the host takes no new servers; a delete goes
+// through at once (Nova's local delete).
+func TestHostDownWaits(t *testing.T) {
+	e := placementEnv(t, "")
+	ctx := context.Background()
+	body := func(name string) string {
+		return fmt.Sprintf(`{"server":{"name":%q,"imageRef":%q,"flavorRef":"p2","networks":"none","host":"plain-1"}}`, name, e.imageID)
+	}
+	id := e.must(202, "POST", "/servers", e.admin, "2.74", body("a"))["server"].(map[string]any)["id"].(string)
+	other := e.must(202, "POST", "/servers", e.admin, "2.74", body("b"))["server"].(map[string]any)["id"].(string)
+	e.wait(id, e.admin, "ACTIVE")
+	e.wait(other, e.admin, "ACTIVE")
+	setUp := func(up bool) {
+		e.c.Fake.SetHostUp("plain-1", up)
+		if err := e.c.Agent.Heartbeat(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setUp(false)
+	e.action(id, e.admin, "2.96", `{"os-stop":null}`, 202)
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		sv := e.server(id, e.admin, "2.96")
+		if sv["status"] != "ACTIVE" || sv["OS-EXT-STS:task_state"] != "powering-off" {
+			t.Fatalf("while its host is down the server is %v/%v", sv["status"], sv["OS-EXT-STS:task_state"])
+		}
+		if sv["host_status"] != "UNKNOWN" {
+			t.Errorf("host_status %v, want UNKNOWN", sv["host_status"])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Nothing new lands on a down host.
+	e.must(400, "POST", "/servers", e.admin, "2.74", body("c"))
+	// A delete does not wait.
+	e.must(204, "DELETE", "/servers/"+other, e.admin, "", "")
+	gone := time.Now().Add(10 * time.Second)
+	for {
+		if st, _, _ := e.do("GET", "/servers/"+other, e.admin, "2.96", ""); st == 404 {
+			break
+		}
+		if time.Now().After(gone) {
+			t.Fatal("a server on a down host was not deleted")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	setUp(true)
+	e.wait(id, e.admin, "SHUTOFF")
+	placementInvariants(t, e.c.DB, smallFleet())
+}
