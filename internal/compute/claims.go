@@ -212,6 +212,7 @@ func (s *Service) schedState(ctx context.Context) (*scheduler.State, error) {
 		}
 		v.mu.Lock()
 		defer v.mu.Unlock()
+		st = v.state.Load() // a reload may have replaced it meanwhile
 		if err := s.refreshSchedHosts(ctx, st, false); err != nil {
 			return nil, err
 		}
