@@ -20,19 +20,7 @@ import (
 // defaultAgentDataDir is where an agent keeps its identity and journals: a
 // directory of its own, so that an agent beside a controller does not take
 // the controller's local agent's files.
-func defaultAgentDataDir() string {
-	if d := os.Getenv("NIMBUS_AGENT_DATA_DIR"); d != "" {
-		return d
-	}
-	if os.Geteuid() == 0 {
-		return "/var/lib/nimbus-agent"
-	}
-	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "nimbus-agent")
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".local", "share", "nimbus-agent")
-}
+func defaultAgentDataDir() string { return dataDirFor("NIMBUS_AGENT_DATA_DIR", "nimbus-agent") }
 
 // agentCmd is "nimbus agent": one per hypervisor host.
 func agentCmd(args []string) error {

@@ -18,18 +18,22 @@ import (
 	"nimbus/internal/scheduler"
 )
 
-func defaultDataDir() string {
-	if d := os.Getenv("NIMBUS_DATA_DIR"); d != "" {
+func defaultDataDir() string { return dataDirFor("NIMBUS_DATA_DIR", "nimbus") }
+
+// dataDirFor is a command's default data directory: $env when set, else
+// /var/lib/<name> as root, else <name> in the user's data directory.
+func dataDirFor(env, name string) string {
+	if d := os.Getenv(env); d != "" {
 		return d
 	}
 	if os.Geteuid() == 0 {
-		return "/var/lib/nimbus"
+		return filepath.Join("/var/lib", name)
 	}
 	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
-		return filepath.Join(d, "nimbus")
+		return filepath.Join(d, name)
 	}
 	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".local", "share", "nimbus")
+	return filepath.Join(home, ".local", "share", name)
 }
 
 func serve(args []string) error {

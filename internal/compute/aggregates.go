@@ -93,6 +93,19 @@ func lockAggregates(ctx context.Context, tx *store.Tx) error {
 	return err
 }
 
+// lockedAggregate takes the aggregates lock in tx and loads aggregate id:
+// Nova's 404 when there is none.
+func lockedAggregate(ctx context.Context, tx *store.Tx, id int64) (*aggregate, error) {
+	if err := lockAggregates(ctx, tx); err != nil {
+		return nil, err
+	}
+	a, err := loadAggregate(ctx, tx, id)
+	if err != nil {
+		return nil, notFoundAs(err, aggregateNotFound(id))
+	}
+	return a, nil
+}
+
 // aggregateID reads the {id} of a request (utils.validate_integer).
 func aggregateID(r *http.Request) (int64, error) {
 	id, err := strconv.ParseInt(strings.TrimSpace(r.PathValue("id")), 10, 64)
@@ -467,11 +480,8 @@ func (s *Service) updateAggregate(r *http.Request) (*api.Response, error) {
 	}
 	var a *aggregate
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
-		if err := lockAggregates(ctx, tx); err != nil {
+		if a, err = lockedAggregate(ctx, tx, id); err != nil {
 			return err
-		}
-		if a, err = loadAggregate(ctx, tx, id); err != nil {
-			return notFoundAs(err, aggregateNotFound(id))
 		}
 		now := s.now()
 		if name != nil {
@@ -526,12 +536,9 @@ func (s *Service) deleteAggregate(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
-		if err := lockAggregates(ctx, tx); err != nil {
-			return err
-		}
-		a, err := loadAggregate(ctx, tx, id)
+		a, err := lockedAggregate(ctx, tx, id)
 		if err != nil {
-			return notFoundAs(err, aggregateNotFound(id))
+			return err
 		}
 		if len(a.Hosts) > 0 {
 			return api.BadRequest("Cannot remove host from aggregate %d. Reason: Host aggregate is not empty.", id)
@@ -717,11 +724,8 @@ func (s *Service) setMetadataAction(r *http.Request, args map[string]json.RawMes
 	}
 	var a *aggregate
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
-		if err := lockAggregates(ctx, tx); err != nil {
+		if a, err = lockedAggregate(ctx, tx, id); err != nil {
 			return err
-		}
-		if a, err = loadAggregate(ctx, tx, id); err != nil {
-			return notFoundAs(err, aggregateNotFound(id))
 		}
 		if z, ok := updates[azKey]; ok {
 			fail := func(reason string) error {

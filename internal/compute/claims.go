@@ -268,11 +268,7 @@ func (s *Service) reloadSched(ctx context.Context) (*scheduler.State, error) {
 func (s *Service) refreshSchedHosts(ctx context.Context, st *scheduler.State, all bool) error {
 	v := &s.sched
 	gen := s.hosts.gen.Load()
-	hosts, err := s.driver.Hosts(ctx)
-	if err != nil {
-		return err
-	}
-	enabled, err := s.enabledHosts(ctx)
+	hosts, enabled, err := s.hostSets(ctx)
 	if err != nil {
 		return err
 	}
@@ -709,7 +705,7 @@ func (s *Service) zonesOf(ctx context.Context, claims []scheduler.Claim) (map[st
 	if len(claims) == 0 {
 		return out, nil
 	}
-	hosts, err := s.enabledHosts(ctx)
+	hosts, _, err := s.hostSets(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -718,17 +714,11 @@ func (s *Service) zonesOf(ctx context.Context, claims []scheduler.Claim) (map[st
 		return nil, err
 	}
 	for _, c := range claims {
-		if _, ok := out[c.Host]; ok {
-			continue
-		}
-		out[c.Host] = zones[c.Host]
-		if out[c.Host] == "" {
-			out[c.Host] = "nova"
-			for _, h := range hosts {
-				if h.Name == c.Host {
-					out[c.Host] = zoneIn(h, zones)
-				}
-			}
+		out[c.Host] = "nova"
+	}
+	for _, h := range hosts {
+		if _, ok := out[h.Name]; ok {
+			out[h.Name] = zoneIn(h, zones)
 		}
 	}
 	return out, nil

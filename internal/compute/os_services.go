@@ -96,6 +96,11 @@ func (s *Service) ensureServices(ctx context.Context, revive bool) error {
 	if err != nil {
 		return err
 	}
+	return s.ensureServicesFor(ctx, hosts, revive)
+}
+
+// ensureServicesFor is ensureServices for hosts already read.
+func (s *Service) ensureServicesFor(ctx context.Context, hosts []driver.Host, revive bool) error {
 	ctrl := controllerHost()
 	type want struct{ host, binary, zone string }
 	wants := []want{{ctrl, binScheduler, internalZone}, {ctrl, binConductor, internalZone}}
@@ -224,61 +229,68 @@ func serviceUp(sv *serviceRow, hosts map[string]driver.Host) bool {
 // another controller sharing the database is seen within hostCacheTTL (as
 // nova's scheduler sees service changes through its host-state cache).
 func (s *Service) enabledHosts(ctx context.Context) ([]driver.Host, error) {
-	if hosts, ok := s.hosts.get(s.now()); ok {
-		return hosts, nil
+	_, enabled, err := s.hostSets(ctx)
+	return enabled, err
+}
+
+// hostSets returns, from one read of the fleet, every host and the enabled
+// ones (see enabledHosts), cached alike.
+func (s *Service) hostSets(ctx context.Context) (all, enabled []driver.Host, err error) {
+	if all, enabled, ok := s.hosts.get(s.now()); ok {
+		return all, enabled, nil
 	}
 	gen := s.hosts.gen.Load()
-	hosts, err := s.loadEnabledHosts(ctx)
+	all, enabled, err = s.loadHostSets(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	s.hosts.put(hosts, gen, s.now())
-	return hosts, nil
+	s.hosts.put(all, enabled, gen, s.now())
+	return all, enabled, nil
 }
 
 // hostCacheTTL bounds how stale the cached schedulable hosts may be.
 const hostCacheTTL = 2 * time.Second
 
-// hostCache holds the last answer of loadEnabledHosts.
+// hostCache holds the last answer of loadHostSets.
 type hostCache struct {
-	mu    sync.Mutex
-	hosts []driver.Host
-	until time.Time
-	valid uint64
-	gen   atomic.Uint64
+	mu           sync.Mutex
+	all, enabled []driver.Host
+	until        time.Time
+	valid        uint64
+	gen          atomic.Uint64
 }
 
-func (c *hostCache) get(now time.Time) ([]driver.Host, bool) {
+func (c *hostCache) get(now time.Time) (all, enabled []driver.Host, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.valid == 0 || c.valid != c.gen.Load()+1 || now.After(c.until) {
-		return nil, false
+		return nil, nil, false
 	}
-	return c.hosts, true
+	return c.all, c.enabled, true
 }
 
 // put stores hosts read at generation gen; a change since then leaves the
 // cache empty.
-func (c *hostCache) put(hosts []driver.Host, gen uint64, now time.Time) {
+func (c *hostCache) put(all, enabled []driver.Host, gen uint64, now time.Time) {
 	c.mu.Lock()
-	c.hosts, c.until, c.valid = hosts, now.Add(hostCacheTTL), gen+1
+	c.all, c.enabled, c.until, c.valid = all, enabled, now.Add(hostCacheTTL), gen+1
 	c.mu.Unlock()
 }
 
 // invalidate forgets the cached hosts after a service change.
 func (c *hostCache) invalidate() { c.gen.Add(1) }
 
-func (s *Service) loadEnabledHosts(ctx context.Context) ([]driver.Host, error) {
-	if err := s.ensureServices(ctx, false); err != nil {
-		return nil, err
-	}
+func (s *Service) loadHostSets(ctx context.Context) (all, enabled []driver.Host, err error) {
 	hosts, err := s.driver.Hosts(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if err := s.ensureServicesFor(ctx, hosts, false); err != nil {
+		return nil, nil, err
 	}
 	svcs, err := loadServices(ctx, s.db)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ok := map[string]bool{}
 	for _, sv := range svcs {
@@ -286,13 +298,12 @@ func (s *Service) loadEnabledHosts(ctx context.Context) ([]driver.Host, error) {
 			ok[sv.Host] = true
 		}
 	}
-	var out []driver.Host
 	for _, h := range hosts {
 		if h.Up && ok[h.Name] {
-			out = append(out, h)
+			enabled = append(enabled, h)
 		}
 	}
-	return out, nil
+	return hosts, enabled, nil
 }
 
 // serviceView is services.py _get_service_detail; a compute host's zone is

@@ -374,7 +374,7 @@ func (s *Service) fail(ctx context.Context, sv *server, task, event string, star
 		s.log.Info("reconcile: host down, step waits", "server", sv.ID, "task", task, "host", sv.Host)
 		id := sv.ID
 		time.AfterFunc(hostDownRetry, func() {
-			if s.queue != nil {
+			if ctx.Err() == nil {
 				s.enqueue(id)
 			}
 		})

@@ -31,15 +31,11 @@ func (s *Service) handleTopology(r *http.Request) (*api.Response, error) {
 	}
 	// Host threads that share a core: their guest vCPUs are siblings.
 	coreOf := map[int]string{}
-	if hosts, err := s.driver.Hosts(ctx); err == nil {
-		for _, h := range hosts {
-			if h.Name != c.Host {
-				continue
-			}
-			h.Normalize()
-			for _, cpu := range h.CPUs {
-				coreOf[cpu.ID] = strconv.Itoa(cpu.Socket) + "/" + strconv.Itoa(cpu.Core)
-			}
+	if hosts, err := s.fleet(ctx); err == nil {
+		h := hosts[c.Host]
+		h.Normalize()
+		for _, cpu := range h.CPUs {
+			coreOf[cpu.ID] = strconv.Itoa(cpu.Socket) + "/" + strconv.Itoa(cpu.Core)
 		}
 	}
 	showHost := callerAdmin(r)
