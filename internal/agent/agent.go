@@ -157,6 +157,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	a.c.cred = id.Credential
+	if u, ok := a.drv.(driver.ImageUser); ok {
+		u.SetImageStore(imageStore{a.c})
+	}
 	if a.j, err = openJournal(filepath.Join(a.cfg.DataDir, JournalFile)); err != nil {
 		return err
 	}
@@ -562,11 +565,21 @@ func (a *Agent) call(ctx context.Context, op wire.Op) (out any, err error) {
 	case wire.KindResume:
 		return nil, d.Resume(ctx, id)
 	case wire.KindSnapshot:
-		size, err := d.Snapshot(ctx, id)
+		var p wire.SnapshotArgs
+		if err := args(&p); err != nil {
+			return nil, err
+		}
+		size, err := d.Snapshot(ctx, id, p.ImageID)
 		if err != nil {
 			return nil, err
 		}
 		return wire.SnapshotResult{SizeBytes: size}, nil
+	case wire.KindAccess:
+		acc, err := d.Access(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return wire.AccessResult{Access: acc}, nil
 	case wire.KindConsole:
 		var p wire.ConsoleArgs
 		if err := args(&p); err != nil {

@@ -226,6 +226,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	bcfg.Log = cfg.Log
 	c.Billing = billing.New(db, bcfg)
 	c.Fleet = fleet.New(db, fleet.Config{DownAfter: cfg.DownAfter, OpTimeout: cfg.OpTimeout, Log: cfg.Log})
+	c.Fleet.SetImages(hostImages{c.Images})
 	c.Driver = c.Fleet
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks,
 		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, Log: cfg.Log})

@@ -3,11 +3,14 @@ package compute
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"nimbus/internal/api"
 	"nimbus/internal/driver"
+	"nimbus/internal/image"
 	"nimbus/internal/store"
 )
 
@@ -342,11 +345,15 @@ func retry(ctx context.Context, f func() error) error {
 	return err
 }
 
-func (s *Service) spec(sv *server) driver.Spec {
+// spec is what the driver needs to build sv's VM: the server, its flavor,
+// the claim it holds on its host, its boot image and its ports.
+func (s *Service) spec(ctx context.Context, sv *server) (driver.Spec, error) {
+	f := sv.Doc.Flavor
 	sp := driver.Spec{ServerID: sv.ID, Name: sv.Name, Hostname: sv.Hostname, ProjectID: sv.ProjectID, Host: sv.Host,
-		VCPUs: sv.Doc.Flavor.VCPUs, MemoryMB: sv.Doc.Flavor.RAM, DiskGB: sv.Doc.Flavor.diskGB(), ImageID: sv.ImageRef,
+		Zone: sv.AZ, VCPUs: f.VCPUs, MemoryMB: f.RAM, DiskGB: f.diskGB(), ImageID: sv.ImageRef,
 		OSType: sv.Doc.OSType, KeyName: sv.KeyName, PublicKey: sv.Doc.PublicKey, AdminPass: sv.Doc.AdminPass,
-		Metadata: sv.Doc.Metadata}
+		Metadata: sv.Doc.Metadata, ConfigDrive: sv.Doc.ConfigDrive, LaunchIndex: sv.LaunchIndex,
+		ReservationID: sv.ReservationID}
 	if sp.OSType == "" {
 		sp.OSType = "linux"
 	}
@@ -358,7 +365,90 @@ func (s *Service) spec(sv *server) driver.Spec {
 	if img := sv.Doc.Metadata["shelved_image_id"]; img != "" && sv.VMState == vmShelvedOffloaded {
 		sp.ImageID = img
 	}
-	return sp
+	sp.DiskType, sp.DiskIOPS = diskThrottle(f)
+
+	c, ok, err := loadClaim(ctx, s.db, sv.ID)
+	if err != nil {
+		return sp, err
+	}
+	if ok {
+		for _, cl := range c.Cells {
+			sp.Cells = append(sp.Cells, driver.Cell{Node: cl.Node, CPUs: cl.CPUs, MemoryMB: cl.MemoryMB})
+		}
+		sp.GPUs = c.GPUs
+	}
+
+	if sp.ImageID != "" {
+		sp.Image = driver.ImageRef{ID: sp.ImageID}
+		img, err := s.images.Get(ctx, sv.ProjectID, true, sp.ImageID)
+		switch {
+		case err == nil:
+			sp.Image = imageRef(img)
+			if img.Properties["img_config_drive"] == "mandatory" {
+				sp.ConfigDrive = true
+			}
+		case !errors.Is(err, store.ErrNotFound):
+			return sp, err
+		}
+		// An image deleted since the server was made is still in its
+		// host's cache: the driver says so if it is not.
+	}
+
+	ports, err := s.networks.ServerPorts(ctx, sv.ID)
+	if err != nil {
+		return sp, err
+	}
+	for _, p := range ports {
+		sp.Ports = append(sp.Ports, driver.Port{ID: p.ID, NetworkID: p.NetworkID, MAC: p.MAC, IP: p.IP,
+			CIDR: p.CIDR, Gateway: p.Gateway, DNS: p.DNS, MTU: p.MTU})
+		if p.IP != "" {
+			sp.FixedIPs = append(sp.FixedIPs, p.IP)
+		}
+	}
+	return sp, nil
+}
+
+// imageRef is what a driver needs of an image.
+func imageRef(img *image.Image) driver.ImageRef {
+	ref := driver.ImageRef{ID: img.ID, Name: img.Name, DiskFormat: img.DiskFormat, Size: img.Size,
+		Checksum: img.Checksum, KernelID: img.Properties["kernel_id"], RamdiskID: img.Properties["ramdisk_id"],
+		CommandLine: img.Properties["os_command_line"]}
+	if img.OSHashAlgo == "sha512" {
+		ref.HashValue = img.OSHashValue
+	}
+	for k, v := range img.Properties {
+		if strings.HasPrefix(k, "hw_") {
+			if ref.Properties == nil {
+				ref.Properties = map[string]string{}
+			}
+			ref.Properties[k] = v
+		}
+	}
+	return ref
+}
+
+// Boot disk throttles by disk type (the service description's figures),
+// which an operator changes per flavor with Nova's libvirt extra specs
+// quota:disk_read_iops_sec and quota:disk_write_iops_sec.
+var diskIOPS = map[string]driver.IOPS{
+	"local":   {Read: 75000, Write: 20000},
+	"network": {Read: 70000, Write: 60000},
+}
+
+// diskThrottle is a flavor's boot disk type and IOPS limits.
+func diskThrottle(f flavorSnap) (string, driver.IOPS) {
+	typ := f.ExtraSpecs["nimbus:disk_type"]
+	if typ == "" {
+		typ = "local"
+	}
+	iops := diskIOPS[typ]
+	if n, err := strconv.Atoi(f.ExtraSpecs["quota:disk_read_iops_sec"]); err == nil && n >= 0 {
+		iops.Read = n
+	}
+	if n, err := strconv.Atoi(f.ExtraSpecs["quota:disk_write_iops_sec"]); err == nil && n >= 0 {
+		iops.Write = n
+	}
+	return typ, iops
 }
 
 // fail puts a server in ERROR with a fault after a failed driver step;

@@ -3,7 +3,6 @@ package compute
 import (
 	"context"
 	"errors"
-	"io"
 	"time"
 
 	"nimbus/internal/driver"
@@ -51,7 +50,10 @@ func (s *Service) stepSchedule(ctx context.Context, sv *server, started time.Tim
 
 // stepSpawn boots a placed server (build, or unshelve of an offloaded one).
 func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, event string) error {
-	spec := s.spec(sv)
+	spec, err := s.spec(ctx, sv)
+	if err != nil {
+		return err
+	}
 	if err := retry(ctx, func() error { return s.driver.Spawn(ctx, spec) }); err != nil {
 		if ctx.Err() == nil {
 			_ = s.driver.Destroy(ctx, sv.ID)
@@ -59,7 +61,7 @@ func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, 
 		return s.fail(ctx, sv, taskSpawning, event, started, err, sv.VMState == vmBuilding)
 	}
 	shelvedImage := ""
-	err := s.commit(ctx, sv.ID, taskSpawning, func(tx *store.Tx, cur *server) error {
+	err = s.commit(ctx, sv.ID, taskSpawning, func(tx *store.Tx, cur *server) error {
 		if cur.VMState == vmBuilding {
 			now := s.now()
 			cur.LaunchedAt = &now
@@ -116,24 +118,11 @@ func (s *Service) stepDelete(ctx context.Context, sv *server, started time.Time)
 	return err
 }
 
-// zeroReader stands for a snapshot's bytes: the driver reports a size and
-// the image service stores what it is given.
-type zeroReader struct{}
-
-func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
-
-// maxSnapshotBytes caps the stand-in data stored for a snapshot: the
-// driver reports the disk's size, but copying gigabytes of zeros per
-// snapshot would only burn the controller's disk.
-const maxSnapshotBytes = 1 << 20
-
-// snapshot copies a server's disk into image id.
+// snapshot copies a server's disk into image id: the driver uploads the
+// data to the image service, which makes the image active.
 func (s *Service) snapshot(ctx context.Context, sv *server, imageID string) error {
-	size, err := s.driver.Snapshot(ctx, sv.ID)
-	if err != nil {
-		return err
-	}
-	return s.images.FinishSnapshot(ctx, imageID, io.LimitReader(zeroReader{}, min(size, maxSnapshotBytes)))
+	_, err := s.driver.Snapshot(ctx, sv.ID, imageID)
+	return err
 }
 
 func (s *Service) stepShelve(ctx context.Context, sv *server, started time.Time) error {
@@ -214,7 +203,10 @@ func (s *Service) stepUnshelve(ctx context.Context, sv *server, started time.Tim
 }
 
 func (s *Service) stepResize(ctx context.Context, sv *server, started time.Time) error {
-	spec := s.spec(sv)
+	spec, err := s.spec(ctx, sv)
+	if err != nil {
+		return err
+	}
 	if err := retry(ctx, func() error { return s.driver.Resize(ctx, spec) }); err != nil {
 		return s.fail(ctx, sv, taskResizeMigrating, "compute_resize_instance", started, err, false)
 	}
@@ -232,8 +224,20 @@ func (s *Service) stepRevert(ctx context.Context, sv *server, started time.Time)
 	if sv.Doc.OldFlavor != nil {
 		old = *sv.Doc.OldFlavor
 	}
-	spec := s.spec(sv)
+	spec, err := s.spec(ctx, sv)
+	if err != nil {
+		return err
+	}
 	spec.VCPUs, spec.MemoryMB, spec.DiskGB = old.VCPUs, old.RAM, old.diskGB()
+	// The old flavor's pCPUs and GPUs are those kept under resize-source.
+	if c, ok, err := loadClaim(ctx, s.db, resizeSourceKey(sv.ID)); err != nil {
+		return err
+	} else if ok {
+		spec.Cells, spec.GPUs = nil, c.GPUs
+		for _, cl := range c.Cells {
+			spec.Cells = append(spec.Cells, driver.Cell{Node: cl.Node, CPUs: cl.CPUs, MemoryMB: cl.MemoryMB})
+		}
+	}
 	if err := retry(ctx, func() error { return s.driver.Resize(ctx, spec) }); err != nil {
 		return s.fail(ctx, sv, taskResizeReverting, "compute_revert_resize", started, err, false)
 	}
@@ -277,9 +281,12 @@ func (s *Service) stepRebuild(ctx context.Context, sv *server, started time.Time
 }
 
 func (s *Service) stepRebuildSpawn(ctx context.Context, sv *server, started time.Time) error {
-	spec := s.spec(sv)
+	spec, err := s.spec(ctx, sv)
+	if err != nil {
+		return err
+	}
 	stopped := sv.Doc.OldVMState == vmStopped
-	err := retry(ctx, func() error {
+	err = retry(ctx, func() error {
 		if err := s.driver.Spawn(ctx, spec); err != nil {
 			return err
 		}

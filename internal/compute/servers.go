@@ -40,6 +40,7 @@ func (s *Service) serverRoutes() []api.Route {
 		{Pattern: "PUT /v2.1/servers/{id}/tags/{tag}", Handler: s.handleTagAdd},
 		{Pattern: "DELETE /v2.1/servers/{id}/tags/{tag}", Handler: s.handleTagDelete},
 		{Pattern: "GET /v2.1/servers/{id}/topology", Handler: s.handleTopology},
+		{Pattern: "GET /v2.1/servers/{id}/access", Handler: s.handleAccess},
 		{Pattern: "GET /v2.1/servers/{id}/os-instance-actions", Handler: s.handleListActions},
 		{Pattern: "GET /v2.1/servers/{id}/os-instance-actions/{rid}", Handler: s.handleShowAction},
 		{Pattern: "GET /v2.1/os-simple-tenant-usage", Handler: s.handleUsageList, AdminOnly: true,

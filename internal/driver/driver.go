@@ -8,6 +8,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"io"
 )
 
 // PowerState is Nova's power_state number.
@@ -145,6 +146,7 @@ type Spec struct {
 	Hostname  string
 	ProjectID string
 	Host      string // the host the scheduler chose
+	Zone      string // its availability zone (for the instance metadata)
 	VCPUs     int
 	MemoryMB  int
 	DiskGB    int
@@ -156,6 +158,100 @@ type Spec struct {
 	AdminPass string
 	Metadata  map[string]string
 	FixedIPs  []string
+
+	// Image is the boot image (on unshelve, the shelved snapshot): a
+	// driver that runs real VMs fetches its data through an ImageStore.
+	Image ImageRef `json:",omitzero"`
+	// Cells are the host's pCPUs and memory the scheduler claimed, per
+	// NUMA node: vCPU i runs on the i-th pCPU in cell order.
+	Cells []Cell `json:",omitempty"`
+	// GPUs are the PCI addresses of the GPUs claimed for the server.
+	GPUs []string `json:",omitempty"`
+	// DiskType is the boot disk's type ("local" or "network"), DiskIOPS
+	// its throttle.
+	DiskType string `json:",omitempty"`
+	DiskIOPS IOPS   `json:",omitzero"`
+	// Ports are the server's network ports, first the primary one.
+	Ports []Port `json:",omitempty"`
+	// ConfigDrive asks for an OpenStack config drive rather than a NoCloud
+	// seed (the server's config_drive, or the image's
+	// img_config_drive=mandatory).
+	ConfigDrive bool `json:",omitempty"`
+	// LaunchIndex and ReservationID go into the instance metadata.
+	LaunchIndex   int    `json:",omitempty"`
+	ReservationID string `json:",omitempty"`
+}
+
+// ImageRef names an image and what a driver needs to use its data.
+type ImageRef struct {
+	ID         string `json:"id"`
+	Name       string `json:"name,omitempty"`
+	DiskFormat string `json:"disk_format,omitempty"` // qcow2, raw, …
+	Size       int64  `json:"size,omitempty"`
+	// Checksum is the data's MD5 (Glance's checksum); HashValue its
+	// sha512 (os_hash_value). A host caches image data by HashValue.
+	Checksum  string `json:"checksum,omitempty"`
+	HashValue string `json:"os_hash_value,omitempty"`
+	// KernelID, RamdiskID and CommandLine are the image's kernel_id,
+	// ramdisk_id and os_command_line: when KernelID is set the VM boots
+	// that kernel directly, as Nova's libvirt driver does.
+	KernelID    string `json:"kernel_id,omitempty"`
+	RamdiskID   string `json:"ramdisk_id,omitempty"`
+	CommandLine string `json:"os_command_line,omitempty"`
+	// Properties are the image's other properties the driver may honour
+	// (hw_cdrom_bus, hw_disk_bus, hw_vif_model, hw_firmware_type, …).
+	Properties map[string]string `json:"properties,omitempty"`
+}
+
+// Cell is the part of a server on one NUMA node of its host.
+type Cell struct {
+	Node     int   `json:"node"`
+	CPUs     []int `json:"cpus"`
+	MemoryMB int   `json:"memory_mb"`
+}
+
+// IOPS is a disk's throttle in operations per second (0: unlimited).
+type IOPS struct {
+	Read  int `json:"read,omitempty"`
+	Write int `json:"write,omitempty"`
+}
+
+// Port is one network port of a server, as the network service has it.
+type Port struct {
+	ID        string   `json:"id"`
+	NetworkID string   `json:"network_id,omitempty"`
+	MAC       string   `json:"mac_address"`
+	IP        string   `json:"ip_address"`
+	CIDR      string   `json:"cidr"` // the subnet, e.g. 10.0.0.0/24
+	Gateway   string   `json:"gateway_ip,omitempty"`
+	DNS       []string `json:"dns_nameservers,omitempty"`
+	MTU       int      `json:"mtu,omitempty"`
+}
+
+// Access is one way to log in to a server: Nimbus's
+// GET /servers/{id}/access lists them.
+type Access struct {
+	Protocol string `json:"protocol"` // "ssh" or "rdp"
+	Host     string `json:"host"`
+	Port     int    `json:"port"`
+	User     string `json:"user"`
+}
+
+// ImageStore gives a host's driver the image service's data: the boot
+// images it caches and the snapshots it uploads. The agent provides one
+// that talks to its controller.
+type ImageStore interface {
+	// Open reads image id's data.
+	Open(ctx context.Context, id string) (io.ReadCloser, error)
+	// Upload stores r, in diskFormat ("qcow2", "raw"), as image id's
+	// data; the image must be waiting for it (a snapshot being saved).
+	Upload(ctx context.Context, id, diskFormat string, r io.Reader) error
+}
+
+// ImageUser is implemented by drivers that need an ImageStore; the agent
+// sets it before it runs any op.
+type ImageUser interface {
+	SetImageStore(ImageStore)
 }
 
 // Instance is what a driver sees running.
@@ -199,9 +295,13 @@ type Driver interface {
 	// Resize changes a stopped or running server's CPU, RAM and disk; it may
 	// reboot the server.
 	Resize(ctx context.Context, spec Spec) error
-	// Snapshot copies a server's boot disk and returns its bytes' size and a
-	// reader-free handle: the image service stores what the driver gives.
-	Snapshot(ctx context.Context, id string) (sizeBytes int64, err error)
+	// Snapshot copies a server's boot disk into image imageID (a snapshot
+	// the image service is saving) and returns the bytes stored. A driver
+	// that stores data uploads it through its ImageStore.
+	Snapshot(ctx context.Context, id, imageID string) (sizeBytes int64, err error)
+	// Access lists how a server's owner logs in to it (the login user is
+	// the image's, filled in by the caller).
+	Access(ctx context.Context, id string) ([]Access, error)
 	// ConsoleOutput returns the last lines of the serial console (all when
 	// lines <= 0).
 	ConsoleOutput(ctx context.Context, id string, lines int) (string, error)

@@ -66,6 +66,13 @@ func (s *Service) Handler() http.Handler {
 				writeError(w, &apiError{http.StatusInternalServerError, wire.CodeInternal, "internal error"})
 			}
 		}()
+		if strings.HasPrefix(r.URL.Path, wire.PathImages) {
+			agent, ok := s.authorize(w, r)
+			if ok {
+				s.handleImage(w, r, agent)
+			}
+			return
+		}
 		rt, ok := routes[r.URL.Path]
 		if !ok {
 			writeError(w, &apiError{http.StatusNotFound, wire.CodeNotFound, "no such agent API call: " + r.URL.Path})
@@ -78,23 +85,9 @@ func (s *Service) Handler() http.Handler {
 		}
 		agent := ""
 		if rt.auth {
-			cred, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok {
-				w.Header().Set("WWW-Authenticate", "Bearer")
-				writeError(w, errUnauthorized)
+			if agent, ok = s.authorize(w, r); !ok {
 				return
 			}
-			id, err := s.Authenticate(r.Context(), strings.TrimSpace(cred))
-			if errors.Is(err, ErrBadCredential) {
-				w.Header().Set("WWW-Authenticate", "Bearer")
-				writeError(w, errUnauthorized)
-				return
-			}
-			if err != nil {
-				s.fail(w, r, err)
-				return
-			}
-			agent = id
 		}
 		body, err := readBody(w, r, rt.limit)
 		if err != nil {
@@ -108,6 +101,28 @@ func (s *Service) Handler() http.Handler {
 		}
 		writeJSON(w, status, out)
 	})
+}
+
+// authorize checks the request's agent credential and names its agent;
+// it answers the refusal itself.
+func (s *Service) authorize(w http.ResponseWriter, r *http.Request) (string, bool) {
+	cred, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		writeError(w, errUnauthorized)
+		return "", false
+	}
+	id, err := s.Authenticate(r.Context(), strings.TrimSpace(cred))
+	if errors.Is(err, ErrBadCredential) {
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		writeError(w, errUnauthorized)
+		return "", false
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return "", false
+	}
+	return id, true
 }
 
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {

@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"nimbus/internal/driver"
@@ -68,6 +69,7 @@ type Service struct {
 	writes          *committer
 	creds           credCache
 	agentHostsCache sync.Map // agent id → cachedHosts
+	images          atomic.Pointer[Images]
 	inventories     sync.Map // host name → *parsedInventory
 
 	done      chan struct{}
@@ -353,8 +355,8 @@ func (s *Service) Resize(ctx context.Context, spec driver.Spec) error {
 }
 
 // Snapshot copies a server's boot disk and returns its size.
-func (s *Service) Snapshot(ctx context.Context, id string) (int64, error) {
-	raw, err := s.call(ctx, wire.KindSnapshot, id, "", nil)
+func (s *Service) Snapshot(ctx context.Context, id, imageID string) (int64, error) {
+	raw, err := s.call(ctx, wire.KindSnapshot, id, "", wire.SnapshotArgs{ImageID: imageID})
 	if err != nil {
 		return 0, err
 	}
@@ -363,6 +365,19 @@ func (s *Service) Snapshot(ctx context.Context, id string) (int64, error) {
 		return 0, fmt.Errorf("fleet: snapshot result: %w", err)
 	}
 	return r.SizeBytes, nil
+}
+
+// Access lists how to log in to a server.
+func (s *Service) Access(ctx context.Context, id string) ([]driver.Access, error) {
+	raw, err := s.call(ctx, wire.KindAccess, id, "", nil)
+	if err != nil {
+		return nil, err
+	}
+	var r wire.AccessResult
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("fleet: access result: %w", err)
+	}
+	return r.Access, nil
 }
 
 // ConsoleOutput returns the last lines of a server's serial console.

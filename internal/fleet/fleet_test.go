@@ -236,7 +236,7 @@ func TestOps(t *testing.T) {
 		if out, err := c.svc.ConsoleOutput(ctx, "s1", 3); err != nil || strings.Count(out, "\n") != 3 {
 			t.Errorf("console %q %v", out, err)
 		}
-		if size, err := c.svc.Snapshot(ctx, "s1"); err != nil || size <= 0 {
+		if size, err := c.svc.Snapshot(ctx, "s1", ""); err != nil || size <= 0 {
 			t.Errorf("snapshot %d %v", size, err)
 		}
 		if err := c.svc.Resize(ctx, driver.Spec{ServerID: "s1", VCPUs: 2, MemoryMB: 1024}); err != nil {

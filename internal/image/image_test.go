@@ -734,7 +734,7 @@ func testContract(t *testing.T, e *env) {
 		t.Fatalf("snapshot record: %+v", snap)
 	}
 	data := bytes.Repeat([]byte("disk"), 10000)
-	if err := e.c.Images.FinishSnapshot(ctx, snap.ID, bytes.NewReader(data)); err != nil {
+	if err := e.c.Images.FinishSnapshot(ctx, snap.ID, "", bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
 	got, err := e.c.Images.Get(ctx, e.demoProj, false, snap.ID)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -129,7 +130,10 @@ func (s *Service) CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, n
 		}
 		img.MinDisk, img.MinRAM = base.MinDisk, base.MinRAM
 		for k, v := range base.Properties {
-			if strings.HasPrefix(k, "os_") || strings.HasPrefix(k, "login_") {
+			// As Nova's snapshot carries the instance's image_* system
+			// metadata: what the OS is, how to log in, how to boot it.
+			if strings.HasPrefix(k, "os_") || strings.HasPrefix(k, "login_") || strings.HasPrefix(k, "hw_") ||
+				k == "kernel_id" || k == "ramdisk_id" || k == "img_config_drive" {
 				img.Properties[k] = v
 			}
 		}
@@ -143,16 +147,53 @@ func (s *Service) CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, n
 	return img, nil
 }
 
-// FinishSnapshot stores a snapshot's data and makes the image active.
-func (s *Service) FinishSnapshot(ctx context.Context, id string, data io.Reader) error {
+// FinishSnapshot stores a snapshot's data, in diskFormat when not empty
+// (a hypervisor writes its own format), and makes the image active.
+func (s *Service) FinishSnapshot(ctx context.Context, id, diskFormat string, data io.Reader) error {
+	if diskFormat != "" && !slices.Contains(diskFormats, diskFormat) {
+		return api.BadRequest("Invalid disk format '%s' for image.", diskFormat)
+	}
 	img, err := getImage(ctx, s.db, id)
 	if err != nil {
 		return err
+	}
+	if diskFormat != "" && diskFormat != img.DiskFormat {
+		err := s.db.Tx(ctx, func(tx *store.Tx) error {
+			cur, err := getImage(ctx, tx, id)
+			if err != nil {
+				return err
+			}
+			if cur.Status != StatusQueued {
+				return api.Conflict("Image status transition from %s to saving is not allowed", cur.Status)
+			}
+			cur.DiskFormat = diskFormat
+			*img = *cur
+			return updateImage(ctx, tx, cur)
+		})
+		if err != nil {
+			return err
+		}
 	}
 	if err := s.beginUpload(ctx, img); err != nil {
 		return err
 	}
 	return s.storeData(ctx, img, data)
+}
+
+// Open reads an active image's data, for a hypervisor host.
+func (s *Service) Open(ctx context.Context, id string) (io.ReadCloser, *Image, error) {
+	img, err := getImage(ctx, s.db, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if img.Status != StatusActive || !img.HasData() {
+		return nil, nil, api.Conflict("Image %s is %s: it has no data to read.", id, img.Status)
+	}
+	f, err := os.Open(s.dataPath(img.ID))
+	if err != nil {
+		return nil, nil, fmt.Errorf("image store: %w", err)
+	}
+	return f, img, nil
 }
 
 // Backups lists, newest first, the backup images (Nova's createBackup) of

@@ -619,3 +619,53 @@ func ipVersion(s string) int {
 	}
 	return 4
 }
+
+// ServerPort is one port of a server as a hypervisor needs it: its MAC,
+// its first IPv4 address and that address's subnet.
+type ServerPort struct {
+	ID, NetworkID, MAC, IP, CIDR, Gateway string
+	DNS                                   []string
+	MTU                                   int
+}
+
+// ServerPorts returns a server's ports in the order they were made (the
+// first is the primary one), each with its first IPv4 fixed address.
+func (s *Service) ServerPorts(ctx context.Context, serverID string) ([]ServerPort, error) {
+	rows, err := s.db.Query(ctx, `SELECT p.id, p.network_id, p.mac_address, n.mtu, a.ip_address, sn.cidr,
+			COALESCE(sn.gateway_ip, ''), sn.dns_nameservers
+		FROM ports p JOIN networks n ON n.id = p.network_id
+		LEFT JOIN ip_allocations a ON a.owner_id = p.id
+		LEFT JOIN subnets sn ON sn.id = a.subnet_id AND sn.ip_version = 4
+		WHERE p.device_id = ?
+		ORDER BY p.created_at, p.id, a.seq`, serverID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []ServerPort
+	seen := map[string]bool{}
+	for rows.Next() {
+		var p ServerPort
+		var ip, cidr, dns *string
+		var gw string
+		if err := rows.Scan(&p.ID, &p.NetworkID, &p.MAC, &p.MTU, &ip, &cidr, &gw, &dns); err != nil {
+			return nil, err
+		}
+		if seen[p.ID] {
+			continue // a later address of a port already taken
+		}
+		if ip != nil && cidr != nil {
+			p.IP, p.CIDR, p.Gateway = *ip, *cidr, gw
+			if dns != nil {
+				if err := store.FromJSON(*dns, &p.DNS); err != nil {
+					return nil, err
+				}
+			}
+		} else if cidr == nil && ip != nil {
+			continue // an IPv6 address: wait for the port's IPv4 one
+		}
+		seen[p.ID] = true
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}

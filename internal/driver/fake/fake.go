@@ -12,11 +12,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"nimbus/internal/driver"
@@ -87,9 +89,17 @@ type Driver struct {
 	lines     int
 	compacted uint64
 	written   map[string]uint64
+
+	images atomic.Pointer[driver.ImageStore]
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver    = (*Driver)(nil)
+	_ driver.ImageUser = (*Driver)(nil)
+)
+
+// SetImageStore gives the fleet the image service, where snapshots go.
+func (d *Driver) SetImageStore(s driver.ImageStore) { d.images.Store(&s) }
 
 // New makes a fake fleet, loading the VMs recorded in cfg.StateFile.
 func New(cfg Config) (*Driver, error) {
@@ -698,7 +708,7 @@ func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
 
 // Snapshot copies a server's boot disk; the size is what a freshly
 // installed system occupies, growing with the number of boots.
-func (d *Driver) Snapshot(ctx context.Context, id string) (int64, error) {
+func (d *Driver) Snapshot(ctx context.Context, id, imageID string) (int64, error) {
 	if err := d.exists(id); err != nil {
 		return 0, err
 	}
@@ -706,16 +716,65 @@ func (d *Driver) Snapshot(ctx context.Context, id string) (int64, error) {
 		return 0, err
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	v, ok := d.vms[id]
+	var size int64
+	if ok {
+		size = int64(1<<30) + int64(v.Boots)*(16<<20)
+		if max := int64(v.Spec.DiskGB) << 30; max > 0 && size > max {
+			size = max
+		}
+	}
+	d.mu.Unlock()
 	if !ok {
 		return 0, driver.ErrNotFound
 	}
-	size := int64(1<<30) + int64(v.Boots)*(16<<20)
-	if max := int64(v.Spec.DiskGB) << 30; max > 0 && size > max {
-		size = max
+	// The image service stores a stand-in of at most 1 MiB: copying
+	// gigabytes of zeros per simulated snapshot would only fill disks.
+	if p := d.images.Load(); p != nil && imageID != "" {
+		n := min(size, maxSnapshotBytes)
+		if err := (*p).Upload(ctx, imageID, "", io.LimitReader(zeros{}, n)); err != nil {
+			return 0, fmt.Errorf("fake: snapshot %s: %w", id, err)
+		}
+		return n, nil
 	}
 	return size, nil
+}
+
+// maxSnapshotBytes caps the stand-in data a simulated snapshot stores.
+const maxSnapshotBytes = 1 << 20
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// Spec is the spec server id's VM was built from: what an operator
+// inspecting the fleet sees of it.
+func (d *Driver) Spec(id string) (driver.Spec, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.vms[id]
+	if !ok {
+		return driver.Spec{}, false
+	}
+	return v.Spec, true
+}
+
+// Access lists how to log in: SSH (RDP for Windows) to the server's first
+// fixed IP, as if the fleet's servers were on a routed network.
+func (d *Driver) Access(ctx context.Context, id string) ([]driver.Access, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.vms[id]
+	if !ok {
+		return nil, driver.ErrNotFound
+	}
+	if len(v.Spec.FixedIPs) == 0 {
+		return []driver.Access{}, nil
+	}
+	if v.Spec.OSType == "windows" {
+		return []driver.Access{{Protocol: "rdp", Host: v.Spec.FixedIPs[0], Port: 3389}}, nil
+	}
+	return []driver.Access{{Protocol: "ssh", Host: v.Spec.FixedIPs[0], Port: 22}}, nil
 }
 
 // ConsoleOutput returns the last lines of the serial console.

@@ -99,7 +99,7 @@ func TestLifecycle(t *testing.T) {
 	if n := strings.Count(last, "\n"); n != 2 {
 		t.Errorf("last 2 lines gave %d lines: %q", n, last)
 	}
-	size, err := d.Snapshot(ctx, "a")
+	size, err := d.Snapshot(ctx, "a", "")
 	if err != nil || size <= 0 || size > 40<<30 {
 		t.Errorf("snapshot %d %v", size, err)
 	}
@@ -123,7 +123,7 @@ func TestUnknownIsNotFound(t *testing.T) {
 		"suspend":   func() error { return d.Suspend(ctx, "x") },
 		"resume":    func() error { return d.Resume(ctx, "x") },
 		"resize":    func() error { return d.Resize(ctx, spec("x")) },
-		"snapshot":  func() error { _, err := d.Snapshot(ctx, "x"); return err },
+		"snapshot":  func() error { _, err := d.Snapshot(ctx, "x", ""); return err },
 		"console":   func() error { _, err := d.ConsoleOutput(ctx, "x", 0); return err },
 		"state":     func() error { _, err := d.State(ctx, "x"); return err },
 	}

@@ -23,7 +23,13 @@ const (
 	PathHeartbeat = "/v1/agent/heartbeat"
 	PathPoll      = "/v1/agent/ops/poll"
 	PathResults   = "/v1/agent/ops/results"
+	// PathImages + an image id: GET reads the image's data, PUT stores a
+	// snapshot's (with ?disk_format=), streamed, not JSON.
+	PathImages = "/v1/agent/images/"
 )
+
+// HeaderDiskFormat carries an image's disk format with its data.
+const HeaderDiskFormat = "X-Image-Disk-Format"
 
 // Op kinds: one per per-server driver call.
 const (
@@ -39,6 +45,7 @@ const (
 	KindResize   = "resize"
 	KindSnapshot = "snapshot"
 	KindConsole  = "console"
+	KindAccess   = "access"
 )
 
 // Error codes, in error bodies and in op results.
@@ -47,6 +54,7 @@ const (
 	CodeUnauthorized = "unauthorized"
 	CodeNotFound     = "not_found" // an API object, or (in a result) driver.ErrNotFound
 	CodeConflict     = "conflict"
+	CodeForbidden    = "forbidden"
 	CodeTooLarge     = "too_large"
 	CodeMethod       = "method_not_allowed"
 	CodeInternal     = "internal"
@@ -190,6 +198,16 @@ type RebootArgs struct {
 // ConsoleArgs are a console read's arguments.
 type ConsoleArgs struct {
 	Lines int `json:"lines"`
+}
+
+// SnapshotArgs are a snapshot's arguments: the image that receives the disk.
+type SnapshotArgs struct {
+	ImageID string `json:"image_id"`
+}
+
+// AccessResult is an access query's result.
+type AccessResult struct {
+	Access []driver.Access `json:"access"`
 }
 
 // SnapshotResult is a snapshot's result.

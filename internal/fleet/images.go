@@ -1,0 +1,122 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"nimbus/internal/api"
+	"nimbus/internal/fleet/wire"
+	"nimbus/internal/store"
+)
+
+// Images is the part of the image service hosts use through the agent
+// API: they read the images they boot and store the snapshots they take.
+type Images interface {
+	// Open reads an active image's data and says its size and disk format.
+	Open(ctx context.Context, id string) (rc io.ReadCloser, size int64, diskFormat string, err error)
+	// SnapshotOf names the server an image is a snapshot of ("" for none).
+	SnapshotOf(ctx context.Context, id string) (serverID string, err error)
+	// FinishSnapshot stores a snapshot's data and makes the image active.
+	FinishSnapshot(ctx context.Context, id, diskFormat string, r io.Reader) error
+}
+
+// SetImages gives the agent API the image service.
+func (s *Service) SetImages(im Images) { s.images.Store(&im) }
+
+// handleImage serves GET (download) and PUT (a snapshot's upload) of
+// wire.PathImages + id. Any agent may read any image: its host may be
+// asked to boot it. Only the host a server is on may store that server's
+// snapshot, and only while the image waits for data.
+func (s *Service) handleImage(w http.ResponseWriter, r *http.Request, agent string) {
+	p := s.images.Load()
+	if p == nil {
+		writeError(w, &apiError{http.StatusNotFound, wire.CodeNotFound, "this controller serves no images"})
+		return
+	}
+	im := *p
+	id := strings.TrimPrefix(r.URL.Path, wire.PathImages)
+	if id == "" || strings.Contains(id, "/") || len(id) > 64 {
+		writeError(w, badRequest("bad image id %q", id))
+		return
+	}
+	ctx := r.Context()
+	switch r.Method {
+	case http.MethodGet:
+		rc, size, format, err := im.Open(ctx, id)
+		if err != nil {
+			s.failImage(w, r, err)
+			return
+		}
+		defer rc.Close()
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+		w.Header().Set(wire.HeaderDiskFormat, format)
+		w.WriteHeader(http.StatusOK)
+		if _, err := io.Copy(w, rc); err != nil && ctx.Err() == nil {
+			s.log.Warn("fleet: image download cut", "image", id, "error", err)
+		}
+	case http.MethodPut:
+		server, err := im.SnapshotOf(ctx, id)
+		if err != nil {
+			s.failImage(w, r, err)
+			return
+		}
+		if err := s.agentHasServer(ctx, agent, server); err != nil {
+			s.failImage(w, r, err)
+			return
+		}
+		if err := im.FinishSnapshot(ctx, id, r.URL.Query().Get("disk_format"), r.Body); err != nil {
+			s.failImage(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		w.Header().Set("Allow", "GET, PUT")
+		writeError(w, &apiError{http.StatusMethodNotAllowed, wire.CodeMethod, r.Method + " is not allowed here; use GET or PUT"})
+	}
+}
+
+// agentHasServer refuses an upload for a server not on one of agent's
+// hosts.
+func (s *Service) agentHasServer(ctx context.Context, agent, server string) error {
+	if server == "" {
+		return &apiError{http.StatusForbidden, wire.CodeForbidden, "the image is not a server snapshot"}
+	}
+	var host string
+	err := s.db.QueryRow(ctx, "SELECT host FROM fleet_instances WHERE server_id = ? AND gone = 0", server).Scan(&host)
+	if store.IsNoRows(err) {
+		return &apiError{http.StatusForbidden, wire.CodeForbidden, "the image's server is on none of this agent's hosts"}
+	}
+	if err != nil {
+		return err
+	}
+	hosts, err := s.hostsOf(ctx, agent)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(hosts, host) {
+		return &apiError{http.StatusForbidden, wire.CodeForbidden, "the image's server is on none of this agent's hosts"}
+	}
+	return nil
+}
+
+// failImage answers an image service error with its status.
+func (s *Service) failImage(w http.ResponseWriter, r *http.Request, err error) {
+	var ae *api.Error
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeError(w, &apiError{http.StatusNotFound, wire.CodeNotFound, "no such image"})
+	case errors.As(err, &ae) && ae.Status == http.StatusConflict:
+		writeError(w, &apiError{ae.Status, wire.CodeConflict, ae.Message})
+	case errors.As(err, &ae) && ae.Status < 500:
+		writeError(w, &apiError{ae.Status, wire.CodeBadRequest, ae.Message})
+	default:
+		s.fail(w, r, fmt.Errorf("image %s: %w", r.URL.Path, err))
+	}
+}
