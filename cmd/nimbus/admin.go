@@ -41,9 +41,13 @@ func admin(args []string) error {
 
 const adminUsage = `Usage: nimbus admin billing <command> [arguments] [flags]
        nimbus admin host <command> [flags]
+       nimbus admin image <command> <arguments> [flags]
 
-The operator's commands, on the controller's database (the same
---data-dir or --database-url as nimbus serve; no API token needed).
+The operator's commands. Billing and host commands work on the
+controller's database (the same --data-dir or --database-url as nimbus
+serve; no API token needed). Image commands go through the image API
+as the openstack CLI does: cloud nimbus-admin of the clouds.yaml in
+--data-dir, or the OS_* variables of a sourced openrc file.
 
 Billing commands:
   run                                 run one charging pass now, as the hourly job does
@@ -64,12 +68,21 @@ Host commands:
                                       (nimbus agent --token)
   list                                the hypervisor hosts: agent, up or down, last seen, servers
 
+Image commands:
+  import <file> [--name NAME] [--disk-format qcow2|raw|iso|aki|ari] [--property k=v ...]
+         [--os-type linux|windows] [--public] [--min-disk GB] [--min-ram MB] [--replace]
+                                      upload a cloud image file (disk format detected), with a
+                                      progress bar, and check its checksum; --replace swaps it
+                                      for the project's images of that name, such as a catalog
+                                      placeholder, keeping their properties
+
 <project> is a project id, or a project name in the Default domain.
 <amount> is minor units (15000), or major units with a decimal point
 (150.00 is the same 15000).
 
-Every command takes --data-dir, --database-url and --json; billing
-commands also --billing-currency and --billing-credit-limit (see
+Every command takes --data-dir and --json; billing and host commands
+also --database-url, billing commands --billing-currency and
+--billing-credit-limit, image commands --os-cloud and --clouds (see
 "nimbus admin <group> <command> -h").
 `
 
@@ -82,8 +95,8 @@ type adminCommand struct {
 	setup func(a *adminRun, fs *flag.FlagSet) func(ctx context.Context, args []string) error
 }
 
-// adminGroups are the command groups: billing and host.
-var adminGroups = map[string]map[string]adminCommand{"billing": adminCommands, "host": hostCommands}
+// adminGroups are the command groups: billing, host and image.
+var adminGroups = map[string]map[string]adminCommand{"billing": adminCommands, "host": hostCommands, "image": imageCommands}
 
 // adminCommands are the billing commands.
 var adminCommands = map[string]adminCommand{
@@ -176,7 +189,7 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	a := &adminRun{stdout: stdout, stderr: stderr}
 	fset := flag.NewFlagSet("nimbus admin "+full, flag.ContinueOnError)
 	fset.SetOutput(stderr)
-	a.commonFlags(fset, words[0] == "billing")
+	a.commonFlags(fset, words[0])
 	runCmd := cmd.setup(a, fset)
 	fset.Usage = func() {
 		fmt.Fprintf(fset.Output(), "Usage: nimbus admin %s %s\n\n%s\n\nFlags:\n", full, cmd.args, cmd.help)
@@ -206,13 +219,17 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// commonFlags are those of every command: where the store is, and, for
-// billing commands, the controller's billing settings they act on.
-func (a *adminRun) commonFlags(fs *flag.FlagSet, billingFlags bool) {
+// commonFlags are those of every command of group: where the store is
+// (image commands, which use the API, take only the data directory, for
+// its clouds.yaml), and, for billing commands, the controller's billing
+// settings they act on.
+func (a *adminRun) commonFlags(fs *flag.FlagSet, group string) {
 	fs.StringVar(&a.dataDir, "data-dir", defaultDataDir(), "the controller's data directory (env NIMBUS_DATA_DIR)")
-	fs.StringVar(&a.dbURL, "database-url", os.Getenv("NIMBUS_DATABASE_URL"), "the controller's postgres://… database; default SQLite in the data directory (env NIMBUS_DATABASE_URL)")
+	if group != "image" {
+		fs.StringVar(&a.dbURL, "database-url", os.Getenv("NIMBUS_DATABASE_URL"), "the controller's postgres://… database; default SQLite in the data directory (env NIMBUS_DATABASE_URL)")
+	}
 	a.bcfg.Currency = "RUB"
-	if billingFlags {
+	if group == "billing" {
 		fs.StringVar(&a.bcfg.Currency, "billing-currency", "RUB", "the controller's --billing-currency")
 		fs.Int64Var(&a.bcfg.DefaultCreditLimit, "billing-credit-limit", 0, "the controller's --billing-credit-limit, given to accounts these commands create")
 	}
@@ -229,7 +246,7 @@ func splitCommand(args []string) (words, rest []string, help bool) {
 		for _, c := range cmds {
 			fs := flag.NewFlagSet("", flag.ContinueOnError)
 			a := &adminRun{}
-			a.commonFlags(fs, g == "billing")
+			a.commonFlags(fs, g)
 			c.setup(a, fs)
 			fs.VisitAll(func(f *flag.Flag) { takesValue[f.Name] = !isBoolFlag(f) })
 		}
