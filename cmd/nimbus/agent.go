@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"nimbus/internal/agent"
+	"nimbus/internal/cloud"
 	"nimbus/internal/driver"
 	"nimbus/internal/driver/fake"
 )
@@ -44,7 +45,11 @@ Flags:
 	fs.StringVar(&cfg.Token, "token", "", "one-time enrolment token, needed on first start only (prefer env NIMBUS_AGENT_TOKEN: flags show in ps)")
 	fs.StringVar(&cfg.DataDir, "data-dir", defaultAgentDataDir(), "directory for the agent's credential and journals (env NIMBUS_AGENT_DATA_DIR)")
 	fs.StringVar(&cfg.Name, "name", hostname, "how the operator sees this agent")
-	drv := fs.String("driver", "fake", "hypervisor driver: fake")
+	drv := fs.String("driver", "fake", "hypervisor driver: fake (a simulated host) or qemu (real VMs)")
+	var qf qemuFlags
+	qf.register(fs)
+	hostIP := fs.String("host-ip", "", "qemu driver: the address the controller and users reach this host on (default: this machine's first non-loopback address)")
+	zone := fs.String("zone", "nova", "qemu driver: the host's availability zone")
 	fleetFile := fs.String("fleet", "", "JSON list of the hosts the fake driver presents (default: one host named after this machine)")
 	fakeDelay := fs.Duration("fake-delay", 500*time.Millisecond, "how long the fake driver takes per step")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", 10*time.Second, "how often to report to the controller")
@@ -86,8 +91,23 @@ Flags:
 			return err
 		}
 		cfg.Driver = d
+	case "qemu":
+		o, err := qf.options()
+		if err != nil {
+			return err
+		}
+		o.DataDir, o.Name, o.IP, o.Zone, o.Log = cfg.DataDir, cfg.Name, *hostIP, *zone, cfg.Log
+		if o.IP == "" {
+			o.IP = firstAddress()
+		}
+		d, err := cloud.NewQEMUDriver(o)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		cfg.Driver = d
 	default:
-		return fmt.Errorf("agent: unknown driver %q (this build has: fake)", *drv)
+		return fmt.Errorf("agent: unknown driver %q (this build has: fake, qemu)", *drv)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

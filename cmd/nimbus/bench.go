@@ -34,7 +34,7 @@ import (
 func bench(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
 	dbURL := fs.String("database-url", "", "database to run on (default: SQLite in a temporary directory)")
-	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge, place")
+	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge, place, vm (real VMs: QEMU and the test guest)")
 	duration := fs.Duration("duration", 5*time.Second, "how long the token scenario runs")
 	workers := fs.Int("workers", 16, "concurrent clients")
 	creates := fs.Int("creates", 2000, "servers created in the create scenario")
@@ -42,6 +42,8 @@ func bench(args []string) error {
 	resources := fs.Int("resources", 100000, "metered servers in the charge scenario")
 	placeHosts := fs.Int("place-hosts", 1000, "fake hosts in the place scenario")
 	placeCreates := fs.Int("place-creates", 1000, "servers created in the place scenario")
+	guestDir := fs.String("guest", "", "the test guest for the vm scenario (default: test/guest/build.sh's cache)")
+	vmRuns := fs.Int("vm-runs", 3, "boots of each kind in the vm scenario")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.Parse(args)
 	if *cpuProfile != "" {
@@ -62,6 +64,11 @@ func bench(args []string) error {
 
 	if want["rss"] {
 		if err := benchIdleRSS(); err != nil {
+			return err
+		}
+	}
+	if want["vm"] {
+		if err := benchVM(*guestDir, max(1, *vmRuns)); err != nil {
 			return err
 		}
 	}

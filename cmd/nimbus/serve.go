@@ -49,6 +49,7 @@ func serve(args []string) error {
 	fs.IntVar(&cfg.Ports.Network, "network-port", cfg.Ports.Network, "network (Neutron v2.0) port")
 	fs.IntVar(&cfg.Ports.Billing, "billing-port", cfg.Ports.Billing, "billing API port")
 	fs.IntVar(&cfg.Ports.Agent, "agent-port", cfg.Ports.Agent, "agent API port, where host agents connect")
+	fs.IntVar(&cfg.Ports.Console, "console-port", cfg.Ports.Console, "console proxy (noVNC websocket) port")
 	fs.BoolVar(&cfg.NoLocalAgent, "no-local-agent", false, "run the controller alone: no local agent with the fake fleet; hosts come from nimbus agent")
 	fs.DurationVar(&cfg.DownAfter, "down-after", fleet.DefaultDownAfter, "a host not heard from for this long is down")
 	fs.DurationVar(&cfg.AgentHeartbeat, "heartbeat", 10*time.Second, "how often the local agent reports")
@@ -56,7 +57,9 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.AdminPassword, "admin-password", os.Getenv("NIMBUS_ADMIN_PASSWORD"), "admin password on first start; default generated (env NIMBUS_ADMIN_PASSWORD)")
 	fs.StringVar(&cfg.DemoPassword, "demo-password", os.Getenv("NIMBUS_DEMO_PASSWORD"), "demo password on first start; default generated (env NIMBUS_DEMO_PASSWORD)")
 	fs.DurationVar(&cfg.TokenTTL, "token-ttl", time.Hour, "token lifetime")
-	fs.StringVar(&cfg.Driver, "driver", "fake", "the local agent's hypervisor driver: fake")
+	fs.StringVar(&cfg.Driver, "driver", "fake", "the local agent's hypervisor driver: fake (a simulated fleet) or qemu (real VMs on this machine)")
+	var qf qemuFlags
+	qf.register(fs)
 	fleetFile := fs.String("fleet", "", "JSON file describing the local agent's fake hosts (default: a demo fleet)")
 	fs.DurationVar(&cfg.FakeDelay, "fake-delay", 500*time.Millisecond, "how long the local agent's fake driver takes per step")
 	fs.StringVar(&cfg.Billing.Currency, "billing-currency", "RUB", "ISO 4217 code of all amounts")
@@ -75,6 +78,9 @@ func serve(args []string) error {
 		return fmt.Errorf("--scheduler-weigher: %w", err)
 	}
 	cfg.Scheduler = &policy
+	if cfg.QEMU, err = qf.options(); err != nil {
+		return err
+	}
 	cfg.Billing.NoTestPayments = !*testPayments
 	if cfg.Billing.PresentationCurrency != "" {
 		if _, err := billing.ParseRate(cfg.Billing.PresentationRate); err != nil {

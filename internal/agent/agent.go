@@ -495,6 +495,8 @@ func (a *Agent) execute(ctx context.Context, op wire.Op) (r wire.Result, ok bool
 			code = wire.CodeNotFound
 		case errors.Is(err, driver.ErrHostDown):
 			code = wire.CodeHostDown
+		case errors.Is(err, driver.ErrNoConsole):
+			code = wire.CodeNoConsole
 		}
 		r.Error = &wire.Error{Code: code, Message: err.Error()}
 		a.log.Info("agent: op failed", "op", op.ID, "kind", op.Kind, "server", op.ServerID, "error", err,
@@ -580,6 +582,12 @@ func (a *Agent) call(ctx context.Context, op wire.Op) (out any, err error) {
 			return nil, err
 		}
 		return wire.AccessResult{Access: acc}, nil
+	case wire.KindVNC:
+		ep, err := d.Console(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return wire.VNCResult{Endpoint: ep}, nil
 	case wire.KindConsole:
 		var p wire.ConsoleArgs
 		if err := args(&p); err != nil {

@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -29,6 +30,7 @@ import (
 	"nimbus/internal/api"
 	"nimbus/internal/billing"
 	"nimbus/internal/compute"
+	"nimbus/internal/console"
 	"nimbus/internal/driver"
 	"nimbus/internal/driver/fake"
 	"nimbus/internal/fleet"
@@ -41,14 +43,16 @@ import (
 )
 
 // Ports are the listening ports of the services; 0 picks a free port.
-// Agent is the agent API's, which host agents connect to.
+// Agent is the agent API's, which host agents connect to; Console the
+// noVNC console proxy's (internal/console).
 type Ports struct {
-	Identity, Compute, Image, Network, Billing, Agent int
+	Identity, Compute, Image, Network, Billing, Agent, Console int
 }
 
 // DefaultPorts are the spec's and OpenStack's ports; billing takes the port
-// of OpenStack's rating service (CloudKitty).
-var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696, Billing: 8889, Agent: 8790}
+// of OpenStack's rating service (CloudKitty), the console proxy Nova's
+// nova-novncproxy's.
+var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696, Billing: 8889, Agent: 8790, Console: 6080}
 
 // Config is what a controller needs to start.
 type Config struct {
@@ -61,12 +65,14 @@ type Config struct {
 	// on first start; empty means generate.
 	AdminPassword, DemoPassword string
 	TokenTTL                    time.Duration
-	// Driver is the local agent's driver: "fake" (the default). Fleet
-	// overrides the fake fleet; nil means fake.DefaultFleet. FakeDelay
-	// scales the fake driver's delays.
+	// Driver is the local agent's driver: "fake" (the default) or "qemu"
+	// (this machine's real VMs, configured by QEMU). Fleet overrides the
+	// fake fleet; nil means fake.DefaultFleet. FakeDelay scales the fake
+	// driver's delays.
 	Driver    string
 	Fleet     []driver.Host
 	FakeDelay time.Duration
+	QEMU      QEMUOptions
 	// NoLocalAgent runs a controller alone: its hosts are those of the
 	// agents that enrol with it ("nimbus agent"). Otherwise an agent in
 	// this process presents the fake fleet over the agent API, and Start
@@ -111,8 +117,9 @@ type Cloud struct {
 	// at once with Agent.Heartbeat.
 	Agent *agent.Agent
 	Fake  *fake.Driver
-	// URLs of the services as put in the catalog, and of the agent API.
-	IdentityURL, ComputeURL, ImageURL, NetworkURL, BillingURL, AgentURL string
+	// URLs of the services as put in the catalog, and of the agent API;
+	// ConsoleURL is the console proxy's base URL.
+	IdentityURL, ComputeURL, ImageURL, NetworkURL, BillingURL, AgentURL, ConsoleURL string
 	// Files the operator needs.
 	CACertFile, CloudsFile string
 	Secrets                Secrets
@@ -121,6 +128,7 @@ type Cloud struct {
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup
 	agentCancel context.CancelFunc
+	localDriver driver.Driver
 	agentDone   chan struct{}
 }
 
@@ -169,7 +177,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		name string
 		port int
 	}{{"identity", cfg.Ports.Identity}, {"compute", cfg.Ports.Compute}, {"image", cfg.Ports.Image}, {"network", cfg.Ports.Network},
-		{"billing", cfg.Ports.Billing}, {"agent", cfg.Ports.Agent}} {
+		{"billing", cfg.Ports.Billing}, {"agent", cfg.Ports.Agent}, {"console", cfg.Ports.Console}} {
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Listen, strconv.Itoa(p.port)))
 		if err != nil {
 			for _, l := range lns {
@@ -192,6 +200,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.ImageURL = url("image", "")
 	c.NetworkURL = url("network", "")
 	c.BillingURL = url("billing", "")
+	c.ConsoleURL = url("console", "")
 	agentPort := strconv.Itoa(lns["agent"].Addr().(*net.TCPAddr).Port)
 	c.AgentURL = "https://" + net.JoinHostPort(cfg.PublicHost, agentPort)
 
@@ -229,7 +238,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Fleet.SetImages(hostImages{c.Images})
 	c.Driver = c.Fleet
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks,
-		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, Log: cfg.Log})
+		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, ConsoleURL: c.ConsoleURL, Log: cfg.Log})
 	c.Billing.SetSuspender(c.Compute)
 	runCtx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
@@ -258,6 +267,8 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		"image":    service("image", api.RenderGlance, c.Identity, c.IdentityURL, c.Images.Routes(), cfg.Log),
 		"network":  service("network", api.RenderNeutron, c.Identity, c.IdentityURL, c.Networks.Routes(), cfg.Log),
 		"billing":  service("billing", api.RenderKeystone, c.Identity, c.IdentityURL, c.Billing.Routes(), cfg.Log),
+		"console": console.New(console.Config{Tokens: c.Compute.ConsoleTokens(), Context: runCtx,
+			Log: cfg.Log.With("component", "console")}),
 	}
 	// Keystone itself names its versioned URL in WWW-Authenticate; the other
 	// services' keystonemiddleware names the root (wire captures 08, 09, 40).
@@ -309,11 +320,12 @@ const localAgentWait = 30 * time.Second
 // reported, so that compute's start-up reconcile sees them.
 func (c *Cloud) startLocalAgent(ctx context.Context) error {
 	cfg := c.Config
-	fd, err := newDriver(cfg)
+	drv, err := newDriver(cfg)
 	if err != nil {
 		return err
 	}
-	c.Fake = fd
+	c.Fake, _ = drv.(*fake.Driver)
+	c.localDriver = drv
 	id, err := agent.LoadIdentity(cfg.DataDir)
 	known := false
 	if err == nil {
@@ -335,7 +347,7 @@ func (c *Cloud) startLocalAgent(ctx context.Context) error {
 	port := c.AgentURL[strings.LastIndexByte(c.AgentURL, ':')+1:]
 	c.Agent, err = agent.New(agent.Config{
 		ControllerURL: "https://" + net.JoinHostPort(loopback(cfg.Listen), port),
-		CACertFile:    c.CACertFile, DataDir: cfg.DataDir, Name: "local", Driver: fd,
+		CACertFile:    c.CACertFile, DataDir: cfg.DataDir, Name: "local", Driver: drv,
 		Heartbeat: cfg.AgentHeartbeat, Log: cfg.Log.With("component", "agent"),
 	})
 	if err != nil {
@@ -400,7 +412,7 @@ func service(name string, render api.ErrorRenderer, auth api.Authenticator, auth
 }
 
 // newDriver makes the local agent's driver.
-func newDriver(cfg Config) (*fake.Driver, error) {
+func newDriver(cfg Config) (driver.Driver, error) {
 	switch cfg.Driver {
 	case "", "fake":
 		fleet := cfg.Fleet
@@ -409,8 +421,20 @@ func newDriver(cfg Config) (*fake.Driver, error) {
 		}
 		return fake.New(fake.Config{Hosts: fleet, Delay: cfg.FakeDelay,
 			StateFile: filepath.Join(cfg.DataDir, "fake-fleet.json")})
+	case "qemu":
+		o := cfg.QEMU
+		if o.DataDir == "" {
+			o.DataDir = cfg.DataDir
+		}
+		if o.IP == "" {
+			o.IP = cfg.PublicHost
+		}
+		if o.Log == nil {
+			o.Log = cfg.Log.With("component", "qemu")
+		}
+		return NewQEMUDriver(o)
 	}
-	return nil, fmt.Errorf("cloud: unknown driver %q (this build has: fake)", cfg.Driver)
+	return nil, fmt.Errorf("cloud: unknown driver %q (this build has: fake, qemu)", cfg.Driver)
 }
 
 // withOps serves the health and metrics endpoints on every listener. The
@@ -471,6 +495,9 @@ func (c *Cloud) Close() error {
 	if c.agentCancel != nil {
 		c.agentCancel()
 		<-c.agentDone
+	}
+	if cl, ok := c.localDriver.(io.Closer); ok {
+		cl.Close() // stops watching VMs; they run on, as under a restarted agent
 	}
 	if c.Fleet != nil {
 		c.Fleet.Close() // ends agents' long-polls, which would hold Shutdown up

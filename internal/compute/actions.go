@@ -75,6 +75,8 @@ func (s *Service) handleAction(r *http.Request) (*api.Response, error) {
 		return s.actLock(r, arg, false)
 	case "os-getConsoleOutput":
 		return s.actConsole(r, arg)
+	case "os-getVNCConsole", "os-getSPICEConsole", "os-getRDPConsole", "os-getSerialConsole":
+		return s.actGetConsole(r, name, arg)
 	case "changePassword":
 		return s.actChangePassword(r, arg)
 	case "forceDelete":

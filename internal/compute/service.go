@@ -8,6 +8,7 @@ package compute
 import (
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"nimbus/internal/api"
@@ -39,6 +40,8 @@ type Service struct {
 	docs     docCache   // decoded server documents for lists (servers half)
 	hosts    hostCache  // schedulable hosts, read on every placement
 	sched    schedView  // the scheduler's snapshot of hosts and claims
+	// consoleURL is the console proxy's base URL (consoles.go).
+	consoleURL string
 }
 
 // Deps are the compute service's collaborators.
@@ -53,7 +56,11 @@ type Deps struct {
 	// Scheduler is how hosts are chosen (weigher, GPU hosts kept for GPU
 	// flavors); the zero value spreads and keeps GPU hosts.
 	Scheduler *scheduler.Policy
-	Log       *slog.Logger
+	// ConsoleURL is the console proxy's base URL, e.g.
+	// https://cloud.example.com:6080 (Nova's novncproxy_base_url without
+	// its page); empty: no console proxy, no remote consoles.
+	ConsoleURL string
+	Log        *slog.Logger
 }
 
 // New makes the compute service.
@@ -72,6 +79,7 @@ func New(d Deps) *Service {
 		now:   func() time.Time { return time.Now().UTC() },
 		queue: newWorkQueue(),
 	}
+	s.consoleURL = strings.TrimSuffix(d.ConsoleURL, "/")
 	// An aggregate's zone change moves hosts between zones: the
 	// scheduler's snapshot takes it with its next host refresh.
 	s.onAggregatesChanged = s.hosts.invalidate
@@ -104,6 +112,7 @@ func (s *Service) Routes() []api.Route {
 	routes = append(routes, s.serverGroupRoutes()...)
 	routes = append(routes, s.aggregateRoutes()...)
 	routes = append(routes, s.imageProxyRoutes()...)
+	routes = append(routes, s.consoleRoutes()...)
 	return routes
 }
 

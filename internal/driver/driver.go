@@ -237,6 +237,19 @@ type Access struct {
 	User     string `json:"user"`
 }
 
+// ConsoleEndpoint is where a server's VNC console is reached: a TCP
+// address on its host that speaks RFB once it has read the line
+// Secret + "\n" (so that only the console proxy gets in).
+type ConsoleEndpoint struct {
+	Host   string `json:"host"`
+	Port   int    `json:"port"`
+	Secret string `json:"secret"`
+}
+
+// ErrNoConsole is returned by a driver whose servers have no graphical
+// console.
+var ErrNoConsole = errors.New("driver: no graphical console")
+
 // ImageStore gives a host's driver the image service's data: the boot
 // images it caches and the snapshots it uploads. The agent provides one
 // that talks to its controller.
@@ -302,6 +315,10 @@ type Driver interface {
 	// Access lists how a server's owner logs in to it (the login user is
 	// the image's, filled in by the caller).
 	Access(ctx context.Context, id string) ([]Access, error)
+	// Console says where the controller's console proxy reaches a
+	// running server's graphical (VNC) console; ErrNoConsole when the
+	// driver has none.
+	Console(ctx context.Context, id string) (ConsoleEndpoint, error)
 	// ConsoleOutput returns the last lines of the serial console (all when
 	// lines <= 0).
 	ConsoleOutput(ctx context.Context, id string, lines int) (string, error)

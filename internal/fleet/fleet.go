@@ -380,6 +380,19 @@ func (s *Service) Access(ctx context.Context, id string) ([]driver.Access, error
 	return r.Access, nil
 }
 
+// Console says where a server's VNC console is reached.
+func (s *Service) Console(ctx context.Context, id string) (driver.ConsoleEndpoint, error) {
+	raw, err := s.call(ctx, wire.KindVNC, id, "", nil)
+	if err != nil {
+		return driver.ConsoleEndpoint{}, err
+	}
+	var r wire.VNCResult
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return driver.ConsoleEndpoint{}, fmt.Errorf("fleet: console result: %w", err)
+	}
+	return r.Endpoint, nil
+}
+
 // ConsoleOutput returns the last lines of a server's serial console.
 func (s *Service) ConsoleOutput(ctx context.Context, id string, lines int) (string, error) {
 	raw, err := s.call(ctx, wire.KindConsole, id, "", wire.ConsoleArgs{Lines: lines})

@@ -276,6 +276,8 @@ func opResult(op *opRow) (json.RawMessage, error) {
 			return nil, driver.ErrNotFound
 		case wire.CodeHostDown:
 			return nil, driver.ErrHostDown
+		case wire.CodeNoConsole:
+			return nil, driver.ErrNoConsole
 		}
 		return nil, &OpError{Host: op.Host, Msg: op.Error}
 	}

@@ -747,6 +747,14 @@ type zeros struct{}
 
 func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 
+// Console: the fake fleet's servers have no graphical console.
+func (d *Driver) Console(ctx context.Context, id string) (driver.ConsoleEndpoint, error) {
+	if err := d.exists(id); err != nil {
+		return driver.ConsoleEndpoint{}, err
+	}
+	return driver.ConsoleEndpoint{}, driver.ErrNoConsole
+}
+
 // Spec is the spec server id's VM was built from: what an operator
 // inspecting the fleet sees of it.
 func (d *Driver) Spec(id string) (driver.Spec, bool) {

@@ -46,6 +46,7 @@ const (
 	KindSnapshot = "snapshot"
 	KindConsole  = "console"
 	KindAccess   = "access"
+	KindVNC      = "vnc"
 )
 
 // Error codes, in error bodies and in op results.
@@ -58,8 +59,9 @@ const (
 	CodeTooLarge     = "too_large"
 	CodeMethod       = "method_not_allowed"
 	CodeInternal     = "internal"
-	CodeHostDown     = "host_down" // in a result: driver.ErrHostDown
-	CodeFailed       = "failed"    // in a result: any other driver error
+	CodeHostDown     = "host_down"  // in a result: driver.ErrHostDown
+	CodeNoConsole    = "no_console" // in a result: driver.ErrNoConsole
+	CodeFailed       = "failed"     // in a result: any other driver error
 )
 
 // Error is what went wrong.
@@ -203,6 +205,11 @@ type ConsoleArgs struct {
 // SnapshotArgs are a snapshot's arguments: the image that receives the disk.
 type SnapshotArgs struct {
 	ImageID string `json:"image_id"`
+}
+
+// VNCResult is a console endpoint query's result.
+type VNCResult struct {
+	Endpoint driver.ConsoleEndpoint `json:"endpoint"`
 }
 
 // AccessResult is an access query's result.

@@ -1,0 +1,90 @@
+package cloud
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+
+	"nimbus/internal/driver"
+	"nimbus/internal/driver/qemu"
+	"nimbus/internal/host"
+)
+
+// QEMUOptions configure the QEMU driver of the host an agent runs on.
+type QEMUOptions struct {
+	// DataDir is the agent's data directory: VMs and the image cache go
+	// under DataDir/qemu.
+	DataDir string
+	// Name, IP and Zone present the host (IP: how the controller and
+	// users reach it).
+	Name, IP, Zone string
+	// Accel is "auto", "kvm" or "tcg".
+	Accel string
+	// ReservedCPUs are kept for the host and QEMU's emulator threads; nil
+	// means internal/host's default (the first core of each NUMA node).
+	ReservedCPUs []int
+	// ReservedMemoryMB is kept for the host (0: the default, 1 GiB).
+	ReservedMemoryMB int
+	// AccessHost is the address users connect to for SSH/RDP (default IP).
+	AccessHost string
+	// NoSandbox turns QEMU's seccomp sandbox off.
+	NoSandbox bool
+	// RunAs is an unprivileged user for QEMU when the agent runs as root.
+	RunAs string
+	Log   *slog.Logger
+}
+
+// NewQEMUDriver reads this host's inventory and makes its QEMU driver.
+// Passthrough is checked here, when the host enrols, not at each boot: a
+// GPU whose IOMMU group, driver binding or device node is not ready, or
+// all GPUs when the memlock limit cannot pin guest memory, are left out
+// of the inventory, and the host's log says why.
+func NewQEMUDriver(o QEMUOptions) (*qemu.Driver, error) {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	dir := filepath.Join(o.DataDir, "qemu")
+	h, err := host.Discover("/", host.Options{Name: o.Name, IP: o.IP, Zone: o.Zone, ReservedCPUs: o.ReservedCPUs,
+		ReservedMemoryMB: o.ReservedMemoryMB, DiskPath: o.DataDir})
+	if err != nil {
+		return nil, fmt.Errorf("qemu: host inventory: %w", err)
+	}
+	h.GPUs = passthroughReady(h, o.Log)
+	access := o.AccessHost
+	if access == "" {
+		access = h.IP
+	}
+	return qemu.New(qemu.Config{DataDir: dir, Accel: o.Accel, Host: h, Net: qemu.UserNet{AccessHost: access},
+		Sandbox: !o.NoSandbox, RunAs: o.RunAs, Log: o.Log})
+}
+
+// passthroughReady is the GPUs of h that can be given to guests.
+func passthroughReady(h driver.Host, log *slog.Logger) []driver.GPU {
+	var ready []driver.GPU
+	for _, g := range h.GPUs {
+		if p := host.PassthroughProblems("/", g); len(p) > 0 {
+			log.Warn("qemu: GPU left out: it cannot be passed through", "gpu", g.Address, "model", g.Model,
+				"problems", strings.Join(p, "; "))
+			continue
+		}
+		ready = append(ready, g)
+	}
+	if len(ready) == 0 {
+		return nil
+	}
+	// VFIO pins all of a guest's memory: QEMU's memlock limit must cover
+	// the largest guest, which may be all the host gives servers.
+	limit, err := host.Memlock()
+	need := int64(h.MemoryMB) << 20
+	switch {
+	case err != nil:
+		log.Warn("qemu: GPUs left out: memlock limit unknown", "error", err)
+		return nil
+	case limit >= 0 && limit < need:
+		log.Warn("qemu: GPUs left out: the memlock limit cannot pin guest memory (raise LimitMEMLOCK, e.g. infinity)",
+			"memlock_bytes", limit, "needed_bytes", need)
+		return nil
+	}
+	return ready
+}

@@ -1,0 +1,246 @@
+package compute
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"nimbus/internal/api"
+	"nimbus/internal/driver"
+	"nimbus/internal/store"
+)
+
+// Remote consoles (nova/api/openstack/compute/remote_consoles.py): a
+// server's owner (or an admin) asks for a console and gets the URL of the
+// console proxy (internal/console, Nova's nova-novncproxy) with a token in
+// it. The token is random; only its SHA-256 is stored, with where the
+// proxy reaches the server's VNC console (the driver's ConsoleEndpoint),
+// for consoleTokenTTL. Only VNC with noVNC is served; Nova's other console
+// protocols are its ConsoleTypeUnavailable.
+
+// consoleTokenTTL is how long a console URL may be opened (Nova's
+// [consoleauth] token_ttl); a session opened in time lasts as long as it
+// is used.
+const consoleTokenTTL = 10 * time.Minute
+
+// consoleDriverTimeout bounds the wait for the host's agent.
+const consoleDriverTimeout = 30 * time.Second
+
+func (s *Service) consoleRoutes() []api.Route {
+	return []api.Route{
+		{Pattern: "POST /v2.1/servers/{id}/remote-consoles", Handler: s.handleRemoteConsole},
+	}
+}
+
+// handleRemoteConsole is POST /servers/{id}/remote-consoles (2.6+):
+// {"remote_console": {"protocol": "vnc", "type": "novnc"}} → 200
+// {"remote_console": {"protocol", "type", "url"}}.
+func (s *Service) handleRemoteConsole(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	v := VersionFrom(ctx)
+	if !v.AtLeast(6) {
+		return nil, api.NotFound("The resource could not be found.")
+	}
+	body, err := decodeWrapped(r, "remote_console")
+	if err != nil {
+		return nil, err
+	}
+	if err := api.UnknownFields(body, "protocol", "type"); err != nil {
+		return nil, err
+	}
+	protocols := []string{"vnc", "spice", "rdp", "serial"}
+	types := []string{"novnc", "xvpvnc", "rdp-html5", "spice-html5", "serial"}
+	if v.AtLeast(8) {
+		protocols = append(protocols, "mks")
+		types = append(types, "webmks")
+	}
+	for _, f := range []string{"protocol", "type"} {
+		if _, ok := body[f]; !ok {
+			return nil, schemaError("remote_console", body, "'%s' is a required property", f)
+		}
+	}
+	protocol, err := enumField(body, "protocol", protocols)
+	if err != nil {
+		return nil, err
+	}
+	typ, err := enumField(body, "type", types)
+	if err != nil {
+		return nil, err
+	}
+	sv, err := s.consoleServer(ctx, r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	if protocol != "vnc" {
+		return nil, api.BadRequest("Unavailable console type %s.", typ)
+	}
+	u, err := s.vncConsole(ctx, sv, typ)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"remote_console": map[string]any{
+		"protocol": protocol, "type": typ, "url": u}}), nil
+}
+
+// legacyConsoles are the console actions of 2.1–2.5, with the types their
+// schemas allow; only os-getVNCConsole's novnc is served.
+var legacyConsoles = map[string][]string{
+	"os-getVNCConsole":    {"novnc", "xvpvnc"},
+	"os-getSPICEConsole":  {"spice-html5"},
+	"os-getRDPConsole":    {"rdp-html5"},
+	"os-getSerialConsole": {"serial"},
+}
+
+// actGetConsole is the action os-getVNCConsole (and its SPICE, RDP and
+// serial siblings), 2.1–2.5: {"os-getVNCConsole": {"type": "novnc"}} →
+// 200 {"console": {"type", "url"}}. From 2.6 Nova no longer has them (404).
+func (s *Service) actGetConsole(r *http.Request, name string, arg json.RawMessage) (*api.Response, error) {
+	ctx := r.Context()
+	if VersionFrom(ctx).AtLeast(6) {
+		return nil, api.NotFound("The resource could not be found.")
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
+		return nil, badField(name, arg, fmt.Sprintf("%s is not of type 'object'", pyRepr(arg)))
+	}
+	if err := api.UnknownFields(obj, "type"); err != nil {
+		return nil, err
+	}
+	if _, ok := obj["type"]; !ok {
+		return nil, schemaError(name, obj, "'type' is a required property")
+	}
+	typ, err := enumField(obj, "type", legacyConsoles[name])
+	if err != nil {
+		return nil, err
+	}
+	sv, err := s.consoleServer(ctx, r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	if name != "os-getVNCConsole" {
+		return nil, api.BadRequest("Unavailable console type %s.", typ)
+	}
+	u, err := s.vncConsole(ctx, sv, typ)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"console": map[string]any{"type": typ, "url": u}}), nil
+}
+
+// enumField reads a string field that must be one of allowed, with Nova's
+// schema messages.
+func enumField(obj map[string]json.RawMessage, field string, allowed []string) (string, error) {
+	raw := obj[field]
+	v, ok := rawString(raw)
+	if !ok {
+		return "", schemaError(field, raw, "%s is not of type 'string'", pyRepr(raw))
+	}
+	for _, a := range allowed {
+		if v == a {
+			return v, nil
+		}
+	}
+	return "", schemaError(field, raw, "'%s' is not one of ['%s']", v, strings.Join(allowed, "', '"))
+}
+
+// consoleServer loads the server a console is asked of: the caller's own
+// (any for an admin), and ACTIVE on a host (else Nova's InstanceNotReady).
+func (s *Service) consoleServer(ctx context.Context, id string) (*server, error) {
+	sv, err := s.visibleServer(ctx, s.db, id, false)
+	if err != nil {
+		return nil, err
+	}
+	if sv.VMState != vmActive || sv.Host == "" {
+		return nil, api.Conflict("Instance %s is not ready", sv.ID)
+	}
+	return sv, nil
+}
+
+// vncConsole asks the driver where sv's VNC console is, stores a token for
+// it and returns the noVNC URL (Nova's novncproxy_base_url with the token
+// in noVNC's path parameter, as Nova's ConsoleAuthToken.access_url).
+func (s *Service) vncConsole(ctx context.Context, sv *server, typ string) (string, error) {
+	if typ != "novnc" {
+		return "", api.BadRequest("Invalid console type %s", typ)
+	}
+	if s.consoleURL == "" {
+		// No console proxy runs.
+		return "", api.BadRequest("Unavailable console type %s.", typ)
+	}
+	dctx, cancel := context.WithTimeout(ctx, consoleDriverTimeout)
+	ep, err := s.driver.Console(dctx, sv.ID)
+	cancel()
+	switch {
+	case errors.Is(err, driver.ErrNoConsole):
+		return "", api.BadRequest("Unavailable console type %s.", typ)
+	case errors.Is(err, driver.ErrHostDown), errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return "", api.Conflict("Compute service of %s is unavailable at this time.", sv.Host)
+	case err != nil:
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		// Compute has it ACTIVE and its host does not run it (yet, or any
+		// more): the state is in flux.
+		s.log.Warn("console: the driver has no console for the server", "server", sv.ID, "host", sv.Host, "error", err)
+		return "", api.Conflict("Instance %s is not ready", sv.ID)
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	tok := base64.RawURLEncoding.EncodeToString(b)
+	now := s.now()
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
+		if _, err := tx.Exec(ctx, "DELETE FROM compute_console_tokens WHERE expires_at < ?", store.FormatTime(now)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO compute_console_tokens (token_hash, server_id, project_id, compute_host, console_type,
+			host, port, secret, expires_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			consoleTokenHash(tok), sv.ID, sv.ProjectID, sv.Host, typ, ep.Host, ep.Port, ep.Secret,
+			store.FormatTime(now.Add(consoleTokenTTL)), store.FormatTime(now))
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	return s.consoleURL + "/vnc_lite.html?" + url.Values{"path": {"?token=" + tok}}.Encode(), nil
+}
+
+func consoleTokenHash(tok string) string {
+	h := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(h[:])
+}
+
+// ConsoleTokens is the console proxy's view of the tokens (it implements
+// console.Tokens).
+type ConsoleTokens struct{ s *Service }
+
+// ConsoleTokens gives the console proxy its token lookup.
+func (s *Service) ConsoleTokens() ConsoleTokens { return ConsoleTokens{s} }
+
+// Lookup returns where a console token leads: an error wrapping
+// store.ErrNotFound for a token that is unknown or expired, or whose
+// server was deleted or moved to another host since.
+func (t ConsoleTokens) Lookup(ctx context.Context, token string) (driver.ConsoleEndpoint, error) {
+	var ep driver.ConsoleEndpoint
+	if token == "" {
+		return ep, fmt.Errorf("console token: %w", store.ErrNotFound)
+	}
+	err := t.s.db.QueryRow(ctx, `SELECT t.host, t.port, t.secret FROM compute_console_tokens t
+		JOIN compute_servers sv ON sv.id = t.server_id
+		WHERE t.token_hash = ? AND t.expires_at > ? AND sv.deleted = 0 AND sv.host = t.compute_host`,
+		consoleTokenHash(token), store.FormatTime(t.s.now())).Scan(&ep.Host, &ep.Port, &ep.Secret)
+	if store.IsNoRows(err) {
+		return ep, fmt.Errorf("console token: %w", store.ErrNotFound)
+	}
+	return ep, err
+}
