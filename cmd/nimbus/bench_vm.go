@@ -265,7 +265,8 @@ func (nb *vmCloud) delete(id string) error {
 }
 
 // bareBoot boots the guest with QEMU alone, as FINDINGS §3 does (same
-// kernel, seed, memory and forwarded SSH), and times start → SSH login.
+// kernel, seed, memory, entropy device and forwarded SSH), and times
+// start → SSH login.
 func bareBoot(dir string, g benchGuest, signer ssh.Signer, pub string) (time.Duration, int64, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, 0, err
@@ -293,7 +294,8 @@ func bareBoot(dir string, g benchGuest, signer ssh.Signer, pub string) (time.Dur
 		"-device", "virtio-blk-pci,drive=disk0,bootindex=1",
 		"-drive", "file="+seed+",if=none,id=seed,format=raw,readonly=on,media=cdrom",
 		"-device", "virtio-scsi-pci,id=scsi0", "-device", "scsi-cd,drive=seed,bus=scsi0.0",
-		"-netdev", fmt.Sprintf("user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22", port), "-device", "virtio-net-pci,netdev=net0")
+		"-netdev", fmt.Sprintf("user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22", port), "-device", "virtio-net-pci,netdev=net0",
+		"-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0")
 	if err := cmd.Start(); err != nil {
 		return 0, 0, err
 	}

@@ -81,6 +81,9 @@ type serverDoc struct {
 	Group         string   `json:"group,omitempty"`
 	SameHost      []string `json:"same_host,omitempty"`
 	DifferentHost []string `json:"different_host,omitempty"`
+	// Password is os-server-password's: the Windows administrator
+	// password encrypted to the server's RSA key pair.
+	Password string `json:"password,omitempty"`
 }
 
 // server is one row of compute_servers.

@@ -41,6 +41,8 @@ func (s *Service) serverRoutes() []api.Route {
 		{Pattern: "DELETE /v2.1/servers/{id}/tags/{tag}", Handler: s.handleTagDelete},
 		{Pattern: "GET /v2.1/servers/{id}/topology", Handler: s.handleTopology},
 		{Pattern: "GET /v2.1/servers/{id}/access", Handler: s.handleAccess},
+		{Pattern: "GET /v2.1/servers/{id}/os-server-password", Handler: s.handleGetPassword},
+		{Pattern: "DELETE /v2.1/servers/{id}/os-server-password", Handler: s.handleClearPassword},
 		{Pattern: "GET /v2.1/servers/{id}/os-instance-actions", Handler: s.handleListActions},
 		{Pattern: "GET /v2.1/servers/{id}/os-instance-actions/{rid}", Handler: s.handleShowAction},
 		{Pattern: "GET /v2.1/os-simple-tenant-usage", Handler: s.handleUsageList, AdminOnly: true,

@@ -723,6 +723,9 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 				if kp != nil {
 					sv.Doc.PublicKey = kp.PublicKey
 				}
+				if sv.Doc.OSType == "windows" {
+					sv.Doc.Password = encryptPassword(sv.Doc.PublicKey, req.AdminPass)
+				}
 				if noHost {
 					sv.VMState, sv.TaskState = vmError, ""
 					sv.Doc.Fault = &faultDoc{Code: 500, Message: errNoValidHost.Error(), Details: errNoValidHost.Error(), Created: now}

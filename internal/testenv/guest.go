@@ -174,40 +174,85 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// Bounds of one connection attempt. slirp accepts a forwarded connection
-// at once, before the guest has an address or listens, and then may leave
-// it silent: an attempt gives up when the server's banner does not come
-// within sshBanner; the handshake after it (slow under TCG) gets
-// sshHandshake.
+// How SSH connects. slirp accepts a forwarded connection at once, before
+// the guest has an address or listens, and may then leave it silent for
+// seconds: an attempt gives up when the server's banner does not come
+// within sshBanner (the handshake after it, slow under TCG, gets
+// sshHandshake), and while attempts hang a new one starts every
+// sshRetry, up to sshParallel at a time, so that a guest that has just
+// come up is reached at once.
 const (
-	sshBanner    = 3 * time.Second
+	sshBanner    = 4 * time.Second
 	sshHandshake = 30 * time.Second
+	sshRetry     = 500 * time.Millisecond
+	sshParallel  = 4
 )
 
 // SSH runs command on the SSH server at addr (host:port) as user with key
-// and returns its standard output. It retries connecting (every half
-// second) until ctx ends, since the guest may still be booting; once
-// connected it runs the command once. A command that fails returns its
-// output so far and an error with its standard error. The host key is not
-// checked (test guests only).
+// and returns its standard output. It keeps trying to connect until ctx
+// ends, since the guest may still be booting; once connected it runs the
+// command once. A command that fails returns its output so far and an
+// error with its standard error. The host key is not checked (test guests
+// only).
 func SSH(ctx context.Context, addr, user string, key ssh.Signer, command string) (string, error) {
 	cfg := &ssh.ClientConfig{
 		User:            user,
 		Auth:            []ssh.AuthMethod{ssh.PublicKeys(key)},
 		HostKeyCallback: ssh.InsecureIgnoreHostKey(), // test guests
 	}
+	client, err := connectSSH(ctx, addr, cfg)
+	if err != nil {
+		return "", fmt.Errorf("ssh %s@%s: %w", user, addr, err)
+	}
+	defer client.Close()
+	return runSSH(ctx, client, command)
+}
+
+// connectSSH connects to addr, trying again (see sshRetry) until ctx ends.
+func connectSSH(ctx context.Context, addr string, cfg *ssh.ClientConfig) (*ssh.Client, error) {
+	actx, cancel := context.WithCancel(ctx)
+	type result struct {
+		c   *ssh.Client
+		err error
+	}
+	results := make(chan result)
+	running := 0
+	attempt := func() {
+		running++
+		go func() {
+			c, err := dialSSH(actx, addr, cfg)
+			results <- result{c, err}
+		}()
+	}
+	// On return: stop the other attempts and close what they connect.
+	defer func() {
+		cancel()
+		go func(n int) {
+			for ; n > 0; n-- {
+				if r := <-results; r.c != nil {
+					r.c.Close()
+				}
+			}
+		}(running)
+	}()
+	attempt()
+	tick := time.NewTicker(sshRetry)
+	defer tick.Stop()
 	var last error
 	for {
-		client, err := dialSSH(ctx, addr, cfg)
-		if err == nil {
-			defer client.Close()
-			return runSSH(ctx, client, command)
-		}
-		last = err
 		select {
+		case r := <-results:
+			running--
+			if r.err == nil {
+				return r.c, nil
+			}
+			last = r.err
+		case <-tick.C:
+			if running < sshParallel {
+				attempt()
+			}
 		case <-ctx.Done():
-			return "", fmt.Errorf("ssh %s@%s: %w (last attempt: %v)", user, addr, ctx.Err(), last)
-		case <-time.After(500 * time.Millisecond):
+			return nil, fmt.Errorf("%w (last attempt: %v)", ctx.Err(), last)
 		}
 	}
 }

@@ -286,6 +286,11 @@ func TestQEMUServerLife(t *testing.T) {
 		t.Errorf("console output has no ready marker:\n%s", out)
 	}
 
+	// A guest that powers itself off is SHUTOFF, as Nova's power sync has it.
+	addr, user := q.access(ctx, sv2.ID)
+	_, _ = testenv.SSH(ctx, addr, user, q.key, "poweroff") // the connection may drop as it goes
+	q.waitStatus(ctx, sv2.ID, "SHUTOFF")
+
 	// Delete leaves nothing behind.
 	for _, id := range []string{sv.ID, sv2.ID} {
 		if err := servers.Delete(ctx, q.compute, id).ExtractErr(); err != nil {
@@ -310,5 +315,51 @@ func TestQEMUServerLife(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(q.c.Config.DataDir, "qemu", "instances", id)); !os.IsNotExist(err) {
 			t.Errorf("deleted server %s left its directory (%v)", id, err)
 		}
+	}
+}
+
+// TestQEMUBootFailure: a VM that cannot start puts its server in ERROR
+// with the reason as its fault, and frees what the server held.
+func TestQEMUBootFailure(t *testing.T) {
+	q := startQEMUCloud(t)
+	ctx := context.Background()
+	_, pub := testenv.NewSSHKey(t)
+	if _, err := keypairs.Create(ctx, q.compute, keypairs.CreateOpts{Name: "e2e", PublicKey: pub}).Extract(); err != nil {
+		t.Fatal(err)
+	}
+	img, err := images.Create(ctx, q.image, images.CreateOpts{Name: "broken", DiskFormat: "qcow2", ContainerFormat: "bare"}).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := imagedata.Upload(ctx, q.image, img.ID, strings.NewReader(strings.Repeat("not a disk image\n", 4096))).ExtractErr(); err != nil {
+		t.Fatal(err)
+	}
+	flavor := q.flavor(ctx, "e2e.fail", 1, 256, 1)
+	sv, err := servers.Create(ctx, q.compute, keypairs.CreateOptsExt{
+		CreateOptsBuilder: servers.CreateOpts{Name: "broken", ImageRef: img.ID, FlavorRef: flavor, Networks: "auto"},
+		KeyName:           "e2e"}, nil).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(vmTimeout)
+	var got *servers.Server
+	for {
+		if got, err = servers.Get(ctx, q.compute, sv.ID).Extract(); err != nil {
+			t.Fatal(err)
+		}
+		if got.Status == "ERROR" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if got.Status != "ERROR" || !strings.Contains(got.Fault.Message, "qcow2") {
+		t.Fatalf("server %s: status %s, fault %+v; want ERROR naming the bad image", sv.ID, got.Status, got.Fault)
+	}
+	var held int
+	if err := q.c.DB.QueryRow(ctx, "SELECT COUNT(*) FROM compute_claims WHERE server_id = ?", sv.ID).Scan(&held); err != nil || held != 0 {
+		t.Errorf("failed server still holds %d claims (%v)", held, err)
+	}
+	if p := qemuProcesses(sv.ID); len(p) != 0 {
+		t.Errorf("failed server left QEMU processes %v", p)
 	}
 }

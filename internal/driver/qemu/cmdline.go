@@ -130,6 +130,10 @@ func Command(m *Machine) []string {
 	a.add("-serial", "chardev:serial0")
 	a.add("-vnc", "unix:"+esc(filepath.Join(m.Dir, VNCSocket)))
 	a.add("-device", "VGA,id=video0")
+	// An entropy source, as Nova gives with hw_rng: a fresh guest under TCG
+	// otherwise waits seconds for its random pool before sshd can start.
+	a.add("-object", "rng-random,id=rng0,filename=/dev/urandom")
+	a.add("-device", "virtio-rng-pci,rng=rng0,id=rng0-dev")
 	if m.Firmware == "uefi" {
 		a.add("-drive", "if=pflash,format=raw,readonly=on,file="+esc(m.OVMFCode))
 		a.add("-drive", "if=pflash,format=raw,file="+esc(m.OVMFVars))
