@@ -481,7 +481,7 @@ func benchIdleRSS() error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ports := make([]string, 5)
+	ports := make([]string, 7)
 	for i := range ports {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -492,7 +492,7 @@ func benchIdleRSS() error {
 	}
 	cmd := exec.Command(exe, "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1",
 		"--identity-port", ports[0], "--compute-port", ports[1], "--image-port", ports[2], "--network-port", ports[3],
-		"--billing-port", ports[4],
+		"--billing-port", ports[4], "--agent-port", ports[5], "--console-port", ports[6],
 		"--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if err := cmd.Start(); err != nil {

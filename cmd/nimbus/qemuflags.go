@@ -14,6 +14,7 @@ import (
 // local agent) and "nimbus agent".
 type qemuFlags struct {
 	accel, reserved, access, runAs string
+	consoleListen                  string
 	reservedMemMB                  int
 	noSandbox                      bool
 }
@@ -24,13 +25,14 @@ func (q *qemuFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&q.reservedMemMB, "reserved-memory-mb", 0, "qemu driver: memory kept for the host, MiB (default 1024; -1 for none)")
 	fs.StringVar(&q.access, "access-host", "", "qemu driver: the address users reach forwarded SSH/RDP ports on (default: the host's address)")
 	fs.StringVar(&q.runAs, "qemu-user", "", "qemu driver: an unprivileged user QEMU drops to when the agent runs as root")
+	fs.StringVar(&q.consoleListen, "console-listen", "", "qemu driver: host:port of the VNC relay the controller's console proxy connects to (default: the host's address, any free port)")
 	fs.BoolVar(&q.noSandbox, "no-sandbox", false, "qemu driver: run QEMU without its seccomp sandbox")
 }
 
 // options turns the flags into the driver's options.
 func (q *qemuFlags) options() (cloud.QEMUOptions, error) {
 	o := cloud.QEMUOptions{Accel: q.accel, ReservedMemoryMB: q.reservedMemMB, AccessHost: q.access,
-		NoSandbox: q.noSandbox, RunAs: q.runAs}
+		NoSandbox: q.noSandbox, RunAs: q.runAs, ConsoleListen: q.consoleListen}
 	switch q.accel {
 	case "auto", "kvm", "tcg":
 	default:

@@ -32,7 +32,10 @@ type QEMUOptions struct {
 	NoSandbox bool
 	// RunAs is an unprivileged user for QEMU when the agent runs as root.
 	RunAs string
-	Log   *slog.Logger
+	// ConsoleListen is where the VNC relay listens for the console proxy
+	// (default: the host's IP, any free port).
+	ConsoleListen string
+	Log           *slog.Logger
 }
 
 // NewQEMUDriver reads this host's inventory and makes its QEMU driver.
@@ -56,7 +59,7 @@ func NewQEMUDriver(o QEMUOptions) (*qemu.Driver, error) {
 		access = h.IP
 	}
 	return qemu.New(qemu.Config{DataDir: dir, Accel: o.Accel, Host: h, Net: qemu.UserNet{AccessHost: access},
-		Sandbox: !o.NoSandbox, RunAs: o.RunAs, Log: o.Log})
+		Sandbox: !o.NoSandbox, RunAs: o.RunAs, ConsoleListen: o.ConsoleListen, Log: o.Log})
 }
 
 // passthroughReady is the GPUs of h that can be given to guests.
