@@ -34,6 +34,7 @@ func encryptPassword(authorizedKey, password string) string {
 	if !ok {
 		return ""
 	}
+	//lint:ignore SA1019 the format clients decrypt (nova get-password runs openssl rsautl, PKCS #1 v1.5), as cloudbase-init writes it
 	ct, err := rsa.EncryptPKCS1v15(rand.Reader, rk, []byte(password))
 	if err != nil {
 		return ""

@@ -53,6 +53,7 @@ func TestServerPassword(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: password %q: %v", tc.name, got, err)
 			}
+			//lint:ignore SA1019 decrypting as nova get-password does
 			plain, err := rsa.DecryptPKCS1v15(nil, key, ct)
 			if err != nil || string(plain) != adminPass {
 				t.Errorf("%s: decrypts to %q (%v), want adminPass %q", tc.name, plain, err, adminPass)
