@@ -481,7 +481,7 @@ func benchIdleRSS() error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ports := make([]string, 7)
+	ports := make([]string, 8)
 	for i := range ports {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -493,7 +493,7 @@ func benchIdleRSS() error {
 	cmd := exec.Command(exe, "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1",
 		"--identity-port", ports[0], "--compute-port", ports[1], "--image-port", ports[2], "--network-port", ports[3],
 		"--billing-port", ports[4], "--agent-port", ports[5], "--console-port", ports[6],
-		"--log-level", "warn")
+		"--volume-port", ports[7], "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if err := cmd.Start(); err != nil {
 		return err

@@ -47,6 +47,7 @@ func serve(args []string) error {
 	fs.IntVar(&cfg.Ports.Compute, "compute-port", cfg.Ports.Compute, "compute (Nova v2.1) port")
 	fs.IntVar(&cfg.Ports.Image, "image-port", cfg.Ports.Image, "image (Glance v2) port")
 	fs.IntVar(&cfg.Ports.Network, "network-port", cfg.Ports.Network, "network (Neutron v2.0) port")
+	fs.IntVar(&cfg.Ports.Volume, "volume-port", cfg.Ports.Volume, "block storage (Cinder v3) port")
 	fs.IntVar(&cfg.Ports.Billing, "billing-port", cfg.Ports.Billing, "billing API port")
 	fs.IntVar(&cfg.Ports.Agent, "agent-port", cfg.Ports.Agent, "agent API port, where host agents connect")
 	fs.IntVar(&cfg.Ports.Console, "console-port", cfg.Ports.Console, "console proxy (noVNC websocket) port")
@@ -120,6 +121,7 @@ func serve(args []string) error {
   compute   %s
   image     %s
   network   %s
+  volume    %s
   billing   %s
   agents    %s
   CA file   %s
@@ -128,7 +130,7 @@ func serve(args []string) error {
 Try:
   export OS_CLIENT_CONFIG_FILE=%s
   openstack --os-cloud nimbus-demo server list
-`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.BillingURL, c.AgentURL, c.CACertFile, c.CloudsFile, c.CloudsFile)
+`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.VolumeURL, c.BillingURL, c.AgentURL, c.CACertFile, c.CloudsFile, c.CloudsFile)
 	log.Info("nimbus started", "data_dir", cfg.DataDir, "identity", c.IdentityURL, "clouds_yaml", c.CloudsFile)
 	<-ctx.Done()
 	log.Info("nimbus stopping")

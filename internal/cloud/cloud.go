@@ -1,6 +1,6 @@
 // Package cloud assembles a whole Nimbus controller from its services: it
 // opens the store, makes the TLS certificate, bootstraps the first accounts,
-// builds identity, compute, image, network, billing and the fleet, and
+// builds identity, compute, image, network, volume, billing and the fleet, and
 // serves each on its own HTTPS listener. Unless told otherwise it also runs
 // a local agent in the same process, presenting the fake fleet, so that one
 // box is a whole cloud. cmd/nimbus and the end-to-end tests both start a
@@ -40,19 +40,20 @@ import (
 	"nimbus/internal/pki"
 	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
+	"nimbus/internal/volume"
 )
 
 // Ports are the listening ports of the services; 0 picks a free port.
 // Agent is the agent API's, which host agents connect to; Console the
 // noVNC console proxy's (internal/console).
 type Ports struct {
-	Identity, Compute, Image, Network, Billing, Agent, Console int
+	Identity, Compute, Image, Network, Volume, Billing, Agent, Console int
 }
 
 // DefaultPorts are the spec's and OpenStack's ports; billing takes the port
 // of OpenStack's rating service (CloudKitty), the console proxy Nova's
 // nova-novncproxy's.
-var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696, Billing: 8889, Agent: 8790, Console: 6080}
+var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696, Volume: 8776, Billing: 8889, Agent: 8790, Console: 6080}
 
 // Config is what a controller needs to start.
 type Config struct {
@@ -107,6 +108,7 @@ type Cloud struct {
 	Compute  *compute.Service
 	Images   *image.Service
 	Networks *network.Service
+	Volumes  *volume.Service
 	Billing  *billing.Service
 	// Fleet is the controller's side of the hosts, and Driver (the same)
 	// the driver compute drives.
@@ -119,7 +121,7 @@ type Cloud struct {
 	Fake  *fake.Driver
 	// URLs of the services as put in the catalog, and of the agent API;
 	// ConsoleURL is the console proxy's base URL.
-	IdentityURL, ComputeURL, ImageURL, NetworkURL, BillingURL, AgentURL, ConsoleURL string
+	IdentityURL, ComputeURL, ImageURL, NetworkURL, VolumeURL, BillingURL, AgentURL, ConsoleURL string
 	// Files the operator needs.
 	CACertFile, CloudsFile string
 	Secrets                Secrets
@@ -177,7 +179,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		name string
 		port int
 	}{{"identity", cfg.Ports.Identity}, {"compute", cfg.Ports.Compute}, {"image", cfg.Ports.Image}, {"network", cfg.Ports.Network},
-		{"billing", cfg.Ports.Billing}, {"agent", cfg.Ports.Agent}, {"console", cfg.Ports.Console}} {
+		{"volume", cfg.Ports.Volume}, {"billing", cfg.Ports.Billing}, {"agent", cfg.Ports.Agent}, {"console", cfg.Ports.Console}} {
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Listen, strconv.Itoa(p.port)))
 		if err != nil {
 			for _, l := range lns {
@@ -199,6 +201,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.ComputeURL = url("compute", "/v2.1")
 	c.ImageURL = url("image", "")
 	c.NetworkURL = url("network", "")
+	c.VolumeURL = url("volume", "/v3")
 	c.BillingURL = url("billing", "")
 	c.ConsoleURL = url("console", "")
 	agentPort := strconv.Itoa(lns["agent"].Addr().(*net.TCPAddr).Port)
@@ -227,10 +230,16 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		{Type: "compute", Name: "nova", URL: c.ComputeURL},
 		{Type: "image", Name: "glance", URL: c.ImageURL},
 		{Type: "network", Name: "neutron", URL: c.NetworkURL},
+		// python-cinderclient (OSC's volume commands) looks up volumev3,
+		// openstacksdk and gophercloud block-storage (or its aliases).
+		{Type: "volumev3", Name: "cinderv3", URL: c.VolumeURL},
+		{Type: "block-storage", Name: "cinder", URL: c.VolumeURL},
 		{Type: "billing", Name: "nimbus-billing", URL: c.BillingURL},
 	})
 	c.Images = image.New(db, filepath.Join(cfg.DataDir, "images"))
 	c.Networks = network.New(db)
+	c.Volumes = volume.New(volume.Config{DB: db, DataDir: filepath.Join(cfg.DataDir, "volumes"), Images: c.Images,
+		Log: cfg.Log.With("component", "volume")})
 	bcfg := cfg.Billing
 	bcfg.Log = cfg.Log
 	c.Billing = billing.New(db, bcfg)
@@ -260,12 +269,17 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		closeAll(lns)
 		return nil, err
 	}
+	if err := c.Volumes.Bootstrap(ctx); err != nil {
+		closeAll(lns)
+		return nil, fmt.Errorf("cloud: bootstrap volumes: %w", err)
+	}
 
 	handlers := map[string]http.Handler{
 		"identity": service("identity", api.RenderKeystone, c.Identity, c.IdentityURL, c.Identity.Routes(), cfg.Log),
 		"compute":  c.Compute.API(c.Identity, authRoot(c.IdentityURL)),
 		"image":    service("image", api.RenderGlance, c.Identity, c.IdentityURL, c.Images.Routes(), cfg.Log),
 		"network":  service("network", api.RenderNeutron, c.Identity, c.IdentityURL, c.Networks.Routes(), cfg.Log),
+		"volume":   c.Volumes.API(c.Identity, authRoot(c.IdentityURL)),
 		"billing":  service("billing", api.RenderKeystone, c.Identity, c.IdentityURL, c.Billing.Routes(), cfg.Log),
 		"console": console.New(console.Config{Tokens: c.Compute.ConsoleTokens(), Context: runCtx,
 			Log: cfg.Log.With("component", "console")}),
@@ -277,8 +291,9 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	for name, ln := range lns {
 		c.serve(name, ln, withOps(handlers[name], ops), tlsCfg)
 	}
-	c.wg.Add(3)
+	c.wg.Add(4)
 	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
+	go func() { defer c.wg.Done(); c.Volumes.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Billing.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.housekeeping(runCtx) }()
 	ok = true

@@ -296,10 +296,10 @@ func TestAgentsAsProcesses(t *testing.T) {
 	}
 
 	ctlDir := filepath.Join(dir, "controller")
-	ports := freePorts(t, 7)
+	ports := freePorts(t, 8)
 	serveArgs := []string{"serve", "--data-dir", ctlDir, "--listen", "127.0.0.1", "--no-local-agent",
 		"--identity-port", ports[0], "--compute-port", ports[1], "--image-port", ports[2], "--network-port", ports[3],
-		"--billing-port", ports[4], "--agent-port", ports[5], "--console-port", ports[6], "--down-after", "4s",
+		"--billing-port", ports[4], "--agent-port", ports[5], "--console-port", ports[6], "--volume-port", ports[7], "--down-after", "4s",
 		"--admin-password", "admin-secret", "--demo-password", "demo-secret", "--log-level", "warn"}
 	env := []string{"NIMBUS_DATABASE_URL=", "NIMBUS_DATA_DIR="}
 	ctl := startProc(t, "controller", bin, env, serveArgs...)

@@ -178,12 +178,14 @@ start_nimbus() {
 	local tries
 	for tries in 1 2 3; do
 		ID_PORT=$(free_port) CO_PORT=$(free_port) IM_PORT=$(free_port) NE_PORT=$(free_port) BI_PORT=$(free_port)
-		if [[ $(printf '%s\n' "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" "$BI_PORT" | sort -u | wc -l) -ne 5 ]]; then
+		VO_PORT=$(free_port)
+		if [[ $(printf '%s\n' "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" "$BI_PORT" "$VO_PORT" | sort -u | wc -l) -ne 6 ]]; then
 			continue
 		fi
 		"$WORK/nimbus" serve --data-dir "$WORK/data" --listen 127.0.0.1 \
 			--identity-port "$ID_PORT" --compute-port "$CO_PORT" \
 			--image-port "$IM_PORT" --network-port "$NE_PORT" --billing-port "$BI_PORT" \
+			--volume-port "$VO_PORT" \
 			--fake-delay "${NIMBUS_IT_FAKE_DELAY:-200ms}" \
 			--billing-credit-limit 1000000000000 >>"$LOG" 2>&1 &
 		NIMBUS_PID=$!
@@ -193,12 +195,12 @@ start_nimbus() {
 				break
 			fi
 			local up=0 p
-			for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" "$BI_PORT"; do
+			for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" "$BI_PORT" "$VO_PORT"; do
 				if curl -fsk --max-time 2 "https://127.0.0.1:$p/healthz" >/dev/null 2>&1; then
 					up=$((up + 1))
 				fi
 			done
-			if [[ $up -eq 5 ]]; then
+			if [[ $up -eq 6 ]]; then
 				return 0
 			fi
 			sleep 0.2
@@ -214,8 +216,8 @@ start_nimbus() {
 step "start nimbus"
 command -v curl >/dev/null || die "curl is required"
 start_nimbus
-echo "  pid $NIMBUS_PID, identity :$ID_PORT compute :$CO_PORT image :$IM_PORT network :$NE_PORT billing :$BI_PORT"
-for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" "$BI_PORT"; do
+echo "  pid $NIMBUS_PID, identity :$ID_PORT compute :$CO_PORT image :$IM_PORT network :$NE_PORT billing :$BI_PORT volume :$VO_PORT"
+for p in "$ID_PORT" "$CO_PORT" "$IM_PORT" "$NE_PORT" "$BI_PORT" "$VO_PORT"; do
 	ok "healthz on :$p" curl -fsk "https://127.0.0.1:$p/healthz" || true
 done
 
@@ -396,6 +398,53 @@ life() {
 	ok "keypair delete" demo "${api[@]}" keypair delete "$key"
 }
 
+# wait_volume NAME VOLUME STATUS — poll volume show until STATUS (fails
+# early on error).
+wait_volume() {
+	local name=$1 vol=$2 want=$3
+	local deadline=$((SECONDS + WAIT)) got=""
+	while ((SECONDS < deadline)); do
+		got=$(demo volume show "$vol" -f value -c status 2>&1) || true
+		if [[ "$got" == "$want" ]]; then
+			pass "$name"
+			return 0
+		fi
+		if [[ "$got" == error* ]]; then
+			break
+		fi
+		sleep 0.5
+	done
+	fail "$name" "openstack --os-cloud nimbus-demo volume show $vol -c status (polled ${WAIT}s)" "$want" "$got"
+	return 1
+}
+
+cli_volumes() {
+	step "CLI: volumes (demo)"
+	local v="it-vol-$RANDOM"
+	ok "volume type list" demo volume type list -f json &&
+		jcheck "volume type network" 'any(t["Name"] == "network" for t in d)'
+	ok "volume create" demo volume create --size 1 --property purpose=it "$v" -f json &&
+		jcheck "volume create: size 1, type network" 'd["size"] == 1 and d["type"] == "network"'
+	wait_volume "volume -> available" "$v" available
+	ok "volume list" demo volume list -f json &&
+		jcheck "volume list has $v" "any(x['Name'] == '$v' and x['Size'] == 1 for x in d)"
+	ok "volume set --name --property" demo volume set --name "$v-b" --property tier=gold "$v"
+	ok "volume show" demo volume show "$v-b" -f json &&
+		jcheck "volume show: renamed, properties" "d['name'] == '$v-b' and d['properties'] in ({'purpose': 'it', 'tier': 'gold'}, \"purpose='it', tier='gold'\")"
+	ok "volume set --size 2 (extend)" demo volume set --size 2 "$v-b"
+	wait_volume "extended volume -> available" "$v-b" available
+	ok "volume show after extend" demo volume show "$v-b" -f json &&
+		jcheck "volume size 2" 'd["size"] == 2'
+	fails_with "volume set --size smaller rejected" "HTTP 400|must be greater than" demo volume set --size 1 "$v-b"
+	ok "limits show --absolute (volumes)" demo limits show --absolute -f json &&
+		jcheck "limits: maxTotalVolumes, totalGigabytesUsed" \
+			'{"maxTotalVolumes","totalGigabytesUsed"} <= {x["Name"] for x in d}'
+	ok "volume delete" demo volume delete "$v-b"
+	local deadline=$((SECONDS + WAIT))
+	while ((SECONDS < deadline)) && demo volume show "$v-b" >/dev/null 2>&1; do sleep 0.5; done
+	fails_with "volume show after delete" "No volume with a name or ID" demo volume show "$v-b"
+}
+
 cli_admin() {
 	step "CLI: operator (admin)"
 	ok "hypervisor list" admin hypervisor list -f json &&
@@ -433,6 +482,7 @@ EOF
 	else
 		fail "server life" "(needs an image and a flavor)" "image and flavor found" "image='$IMAGE_ID' flavor='$FLAVOR_ID'"
 	fi
+	cli_volumes || true
 	cli_admin || true
 fi
 

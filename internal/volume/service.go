@@ -1,0 +1,297 @@
+// Package volume is Nimbus's Cinder v3 block storage: volumes (the
+// "network disk") as sparse raw files in the data directory, volume types,
+// per-project quotas and limits, and the usage periods billing charges
+// volumes from.
+//
+// A volume's row is its desired state and its file the real one. Creating,
+// extending and deleting answer 202 at once, as Cinder does; the data work
+// runs after the transaction commits (worker.go) and moves the volume from
+// creating, extending or deleting to available (or error, or gone). Work
+// left undone by a stopped controller resumes when Run starts.
+package volume
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"nimbus/internal/api"
+	"nimbus/internal/image"
+	"nimbus/internal/store"
+)
+
+// Images is what volumes need of the image service: an image the caller
+// may see, and where its data lives.
+type Images interface {
+	Get(ctx context.Context, projectID string, admin bool, id string) (*image.Image, error)
+	DataPath(id string) string
+}
+
+// Config is what the volume service is made of.
+type Config struct {
+	DB *store.DB
+	// DataDir holds the volumes' files, one per volume named by its id.
+	DataDir string
+	// Images is the image service, for volumes made from an image (nil:
+	// imageRef is refused).
+	Images Images
+	Log    *slog.Logger
+	// Now is the clock (nil: time.Now); usage periods start at its time.
+	Now func() time.Time
+	// QemuImg is the qemu-img binary ("" looks it up in PATH when needed).
+	QemuImg string
+}
+
+// Service is the block storage service.
+type Service struct {
+	db      *store.DB
+	dataDir string
+	images  Images
+	log     *slog.Logger
+	now     func() time.Time
+	qemuImg string
+
+	ctx  context.Context // background work; cancelled when Run returns
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+	busy sync.Map // volume id -> *sync.Mutex, one worker per volume
+}
+
+// New makes the block storage service.
+func New(cfg Config) *Service {
+	s := &Service{db: cfg.DB, dataDir: cfg.DataDir, images: cfg.Images, log: cfg.Log, now: cfg.Now, qemuImg: cfg.QemuImg}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	return s
+}
+
+// Microversions served (cinder/api/openstack/api_version_request.py
+// _MAX_API_VERSION history). Every change up to MaxMinor that touches a
+// field or call served here is honoured: group_id (3.13), provider_id for
+// admins (3.21), name~ filters (3.34), with_count (3.45), shared_targets
+// and service_uuid (3.48), created_at/updated_at filters (3.60).
+const (
+	MinMinor = 0
+	MaxMinor = 60
+)
+
+// API is the block storage API on its own listener: Cinder's error shape
+// (the same fault names as Nova, cinder/api/openstack/wsgi.py Fault), the
+// optional project id removed before routing, and microversions.
+func (s *Service) API(auth api.Authenticator, authURL string) *api.Service {
+	a := api.NewService("volume", api.RenderNova, auth)
+	a.AuthURL = authURL
+	a.Log = s.log
+	a.Before = append(a.Before, before)
+	a.AfterAuth = append(a.AfterAuth, checkProjectInURL)
+	a.Decorate = decorate
+	a.Handle(s.Routes()...)
+	return a
+}
+
+// Routes is the block storage API's route table. Paths are given without
+// the project id, which before removes.
+func (s *Service) Routes() []api.Route {
+	return []api.Route{
+		{Pattern: "GET /{$}", Handler: versions, Public: true},
+		{Pattern: "GET /v3", Handler: version, Public: true},
+		{Pattern: "GET /v3/{$}", Handler: version, Public: true},
+
+		{Pattern: "GET /v3/volumes", Handler: s.listVolumes(false)},
+		{Pattern: "GET /v3/volumes/detail", Handler: s.listVolumes(true)},
+		{Pattern: "GET /v3/volumes/summary", Handler: s.summary},
+		{Pattern: "POST /v3/volumes", Handler: s.createVolume},
+		{Pattern: "GET /v3/volumes/{id}", Handler: s.showVolume},
+		{Pattern: "PUT /v3/volumes/{id}", Handler: s.updateVolume},
+		{Pattern: "DELETE /v3/volumes/{id}", Handler: s.deleteVolume},
+		{Pattern: "POST /v3/volumes/{id}/action", Handler: s.action},
+		{Pattern: "GET /v3/volumes/{id}/metadata", Handler: s.listMetadata},
+		{Pattern: "POST /v3/volumes/{id}/metadata", Handler: s.setMetadata(false)},
+		{Pattern: "PUT /v3/volumes/{id}/metadata", Handler: s.setMetadata(true)},
+		{Pattern: "GET /v3/volumes/{id}/metadata/{key}", Handler: s.showMetadataItem},
+		{Pattern: "PUT /v3/volumes/{id}/metadata/{key}", Handler: s.putMetadataItem},
+		{Pattern: "DELETE /v3/volumes/{id}/metadata/{key}", Handler: s.deleteMetadataItem},
+
+		{Pattern: "GET /v3/types", Handler: s.listTypes},
+		{Pattern: "POST /v3/types", Handler: s.createType, AdminOnly: true, Policy: "volume_extension:types_manage"},
+		{Pattern: "GET /v3/types/default", Handler: s.defaultType},
+		{Pattern: "GET /v3/types/{id}", Handler: s.showType},
+		{Pattern: "PUT /v3/types/{id}", Handler: s.updateType, AdminOnly: true, Policy: "volume_extension:types_manage"},
+		{Pattern: "DELETE /v3/types/{id}", Handler: s.deleteType, AdminOnly: true, Policy: "volume_extension:types_manage"},
+		{Pattern: "GET /v3/types/{id}/extra_specs", Handler: s.listExtraSpecs},
+		{Pattern: "POST /v3/types/{id}/extra_specs", Handler: s.createExtraSpecs, AdminOnly: true, Policy: "volume_extension:types_extra_specs:create"},
+		{Pattern: "GET /v3/types/{id}/extra_specs/{key}", Handler: s.showExtraSpec},
+		{Pattern: "PUT /v3/types/{id}/extra_specs/{key}", Handler: s.updateExtraSpec, AdminOnly: true, Policy: "volume_extension:types_extra_specs:update"},
+		{Pattern: "DELETE /v3/types/{id}/extra_specs/{key}", Handler: s.deleteExtraSpec, AdminOnly: true, Policy: "volume_extension:types_extra_specs:delete"},
+
+		{Pattern: "GET /v3/limits", Handler: s.limits},
+		{Pattern: "GET /v3/os-quota-sets/{project}", Handler: s.showQuota},
+		{Pattern: "GET /v3/os-quota-sets/{project}/defaults", Handler: s.showQuotaDefaults},
+		{Pattern: "PUT /v3/os-quota-sets/{project}", Handler: s.updateQuota, AdminOnly: true, Policy: "volume_extension:quotas:update"},
+		{Pattern: "DELETE /v3/os-quota-sets/{project}", Handler: s.deleteQuota, AdminOnly: true, Policy: "volume_extension:quotas:delete"},
+		{Pattern: "GET /v3/os-availability-zone", Handler: availabilityZones},
+		{Pattern: "GET /v3/extensions", Handler: extensions},
+	}
+}
+
+// AvailabilityZone is the one zone volumes live in, Cinder's default
+// storage_availability_zone.
+const AvailabilityZone = "nova"
+
+// versionDoc is cinder/api/views/versions.py's v3.0 entry.
+func versionDoc(r *http.Request) map[string]any {
+	return map[string]any{
+		"id": "v3.0", "status": "CURRENT", "version": fmt.Sprintf("3.%d", MaxMinor), "min_version": fmt.Sprintf("3.%d", MinMinor),
+		"updated": "2023-08-31T00:00:00Z",
+		"links": []map[string]string{
+			{"rel": "describedby", "type": "text/html", "href": "https://docs.openstack.org/"},
+			{"rel": "self", "href": api.BaseURL(r) + "/v3/"},
+		},
+		"media-types": []map[string]string{{"base": "application/json", "type": "application/vnd.openstack.volume+json;version=3"}},
+	}
+}
+
+// versions is GET /: 300 Multiple Choices, as cinder/api/versions.py
+// VersionsController.all answers.
+func versions(r *http.Request) (*api.Response, error) {
+	return api.JSON(http.StatusMultipleChoices, map[string]any{"versions": []any{versionDoc(r)}}), nil
+}
+
+// version is GET /v3/: Cinder answers the list form here too.
+func version(r *http.Request) (*api.Response, error) {
+	return api.JSON(http.StatusOK, map[string]any{"versions": []any{versionDoc(r)}}), nil
+}
+
+func availabilityZones(r *http.Request) (*api.Response, error) {
+	return api.JSON(200, map[string]any{"availabilityZoneInfo": []any{
+		map[string]any{"zoneName": AvailabilityZone, "zoneState": map[string]bool{"available": true}},
+	}}), nil
+}
+
+func extensions(r *http.Request) (*api.Response, error) {
+	return api.JSON(200, map[string]any{"extensions": []any{}}), nil
+}
+
+// ---- Microversions and the project id in the URL ----
+
+type versionKey struct{}
+type projectKey struct{}
+
+// minor is the request's microversion 3.minor.
+func minor(r *http.Request) int {
+	if v, ok := r.Context().Value(versionKey{}).(int); ok {
+		return v
+	}
+	return MinMinor
+}
+
+// projectInURL is the project id the client put in the URL ("" if none),
+// repeated in links.
+func projectInURL(r *http.Request) string {
+	p, _ := r.Context().Value(projectKey{}).(string)
+	return p
+}
+
+var versionRE = regexp.MustCompile(`^([1-9]\d*)\.([1-9]\d*|0)$`)
+
+// parseVersion reads "OpenStack-API-Version: volume 3.X" (also under the
+// service type block-storage) or the legacy X-OpenStack-Volume-API-Version
+// that gophercloud sends too. No header means 3.0, "latest" the maximum;
+// outside the range is 406 (cinder/api/openstack/__init__.py and
+// wsgi.py Request.set_api_version_request).
+func parseVersion(r *http.Request) (int, error) {
+	raw := ""
+	for _, h := range r.Header.Values("OpenStack-API-Version") {
+		for _, part := range strings.Split(h, ",") {
+			f := strings.Fields(part)
+			if len(f) == 2 && (strings.EqualFold(f[0], "volume") || strings.EqualFold(f[0], "block-storage")) {
+				raw = f[1]
+			}
+		}
+	}
+	if raw == "" {
+		raw = strings.TrimSpace(r.Header.Get("X-OpenStack-Volume-API-Version"))
+	}
+	if raw == "" {
+		return MinMinor, nil
+	}
+	if strings.EqualFold(raw, "latest") {
+		return MaxMinor, nil
+	}
+	m := versionRE.FindStringSubmatch(raw)
+	if m == nil {
+		return 0, api.BadRequest("API Version String %s is of invalid format. Must be of format MajorNum.MinorNum.", raw)
+	}
+	maj, _ := strconv.Atoi(m[1])
+	mi, err := strconv.Atoi(m[2])
+	if maj != 3 || err != nil || mi < MinMinor || mi > MaxMinor {
+		return 0, &api.Error{Status: http.StatusNotAcceptable, Message: fmt.Sprintf(
+			"Version %s is not supported by the API. Minimum is 3.%d and maximum is 3.%d.", raw, MinMinor, MaxMinor)}
+	}
+	return mi, nil
+}
+
+// projectSegment matches /v3/<project id>/...; project ids are 32 hex
+// digits (or a dashed UUID).
+var projectSegment = regexp.MustCompile(`^/v3/([0-9a-fA-F]{32}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})(/.*)?$`)
+
+// before removes the optional project id after /v3 (Cinder's URLs carry
+// it; from 3.67 it may be left out, and a ServeMux cannot route both forms,
+// api-facts §7) and parses the microversion.
+func before(r *http.Request) (*http.Request, error) {
+	if m := projectSegment.FindStringSubmatch(r.URL.Path); m != nil {
+		r = r.Clone(context.WithValue(r.Context(), projectKey{}, m[1]))
+		r.URL.Path = "/v3" + m[2]
+		if m[2] == "" {
+			r.URL.Path = "/v3/"
+		}
+		r.URL.RawPath = ""
+	}
+	if strings.HasPrefix(r.URL.Path, "/v3") {
+		v, err := parseVersion(r)
+		if err != nil {
+			return r, err
+		}
+		r = r.WithContext(context.WithValue(r.Context(), versionKey{}, v))
+	}
+	return r, nil
+}
+
+// decorate echoes the microversion as Cinder does on every /v3 answer.
+func decorate(w http.ResponseWriter, r *http.Request) {
+	if !strings.HasPrefix(r.URL.Path, "/v3") {
+		return
+	}
+	h := w.Header()
+	h.Set("OpenStack-API-Version", fmt.Sprintf("volume 3.%d", minor(r)))
+	h.Set("Vary", "OpenStack-API-Version")
+}
+
+// checkProjectInURL refuses a URL project id that is not the caller's
+// (cinder/api/openstack/wsgi.py: "Malformed request url"), for non-admins.
+func checkProjectInURL(r *http.Request) error {
+	p := projectInURL(r)
+	c := api.CallerFrom(r.Context())
+	if p == "" || c == nil || c.IsAdmin() {
+		return nil
+	}
+	if !strings.EqualFold(strings.ReplaceAll(p, "-", ""), strings.ReplaceAll(c.ProjectID, "-", "")) {
+		return api.BadRequest("Malformed request url")
+	}
+	return nil
+}
+
+// DataPath is where volume id's data lives, for the hypervisor that will
+// attach it.
+func (s *Service) DataPath(id string) string { return s.dataPath(id) }

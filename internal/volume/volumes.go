@@ -1,0 +1,725 @@
+package volume
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"nimbus/internal/api"
+	"nimbus/internal/image"
+	"nimbus/internal/store"
+)
+
+func caller(r *http.Request) *api.Caller { return api.CallerFrom(r.Context()) }
+
+// links are a volume's self and bookmark links, with the project id when
+// the client used one (cinder/api/common.py ViewBuilder._get_links).
+func links(r *http.Request, coll, id string) []map[string]string {
+	base := api.BaseURL(r)
+	p := ""
+	if pid := projectInURL(r); pid != "" {
+		p = "/" + pid
+	}
+	return []map[string]string{
+		{"rel": "self", "href": base + "/v3" + p + "/" + coll + "/" + id},
+		{"rel": "bookmark", "href": base + p + "/" + coll + "/" + id},
+	}
+}
+
+// view is a volume's detail view at the request's microversion
+// (cinder/api/v2/views/volumes.py detail, v3/views/volumes.py, and the
+// os-vol-* extension attributes).
+func view(r *http.Request, v *volRow) map[string]any {
+	c := caller(r)
+	admin := c.IsAdmin()
+	typ := any(v.TypeName)
+	if v.TypeName == "" {
+		typ = v.TypeID
+	}
+	out := map[string]any{
+		"id": v.ID, "status": v.Status, "size": v.Size, "availability_zone": v.Zone,
+		"created_at": cinderTime(v.CreatedAt), "updated_at": cinderTime(v.UpdatedAt),
+		"name": v.Name, "description": v.Description, "volume_type": typ,
+		"snapshot_id": nil, "source_volid": nil, "metadata": v.Metadata,
+		"links": links(r, "volumes", v.ID), "user_id": v.UserID,
+		"bootable": strconv.FormatBool(v.Bootable), "encrypted": false,
+		"replication_status": nil, "consistencygroup_id": nil, "multiattach": false,
+		"attachments":                  []any{},
+		"os-vol-tenant-attr:tenant_id": v.ProjectID,
+	}
+	if len(v.ImageMetadata) > 0 {
+		out["volume_image_metadata"] = v.ImageMetadata
+	}
+	if admin {
+		out["migration_status"] = nil
+		out["os-vol-host-attr:host"] = "nimbus@network#network"
+		out["os-vol-mig-status-attr:migstat"] = nil
+		out["os-vol-mig-status-attr:name_id"] = nil
+	}
+	mv := minor(r)
+	if mv >= 13 {
+		out["group_id"] = nil
+	}
+	if mv >= 21 && admin {
+		out["provider_id"] = nil
+	}
+	if mv >= 48 {
+		out["shared_targets"] = false
+		out["service_uuid"] = nil
+	}
+	return out
+}
+
+func summaryView(r *http.Request, v *volRow) map[string]any {
+	return map[string]any{"id": v.ID, "name": v.Name, "links": links(r, "volumes", v.ID)}
+}
+
+// ownedVol is a volume the caller may see: its project's, or any for an
+// admin; anything else is Cinder's 404.
+func ownedVol(ctx context.Context, q store.Querier, c *api.Caller, id string) (*volRow, error) {
+	v, err := getVol(ctx, q, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !c.IsAdmin() && v.ProjectID != c.ProjectID) {
+		return nil, errVolumeNotFound(id)
+	}
+	return v, err
+}
+
+func (s *Service) showVolume(r *http.Request) (*api.Response, error) {
+	v, err := ownedVol(r.Context(), s.db, caller(r), r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(200, map[string]any{"volume": view(r, v)}), nil
+}
+
+// createKeys are the attributes of a create body
+// (cinder/api/schemas/volumes.py create, create_volume_v313/v347). From
+// 3.53 others are refused.
+var createKeys = []string{"name", "description", "display_name", "display_description", "volume_type", "metadata",
+	"snapshot_id", "source_volid", "consistencygroup_id", "size", "availability_zone", "multiattach", "image_id",
+	"imageRef", "group_id", "backup_id"}
+
+// createVolume is POST /volumes (cinder/api/v3/volumes.py create): 202
+// with the new volume in status creating; its data is made after commit.
+func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	c := caller(r)
+	var outer map[string]json.RawMessage
+	if err := api.DecodeJSON(r, &outer); err != nil {
+		return nil, err
+	}
+	if err := api.UnknownFields(outer, "volume", "OS-SCH-HNT:scheduler_hints"); err != nil {
+		return nil, err
+	}
+	b, err := inner(outer, "volume")
+	if err != nil {
+		return nil, err
+	}
+	if minor(r) >= 53 {
+		if err := api.UnknownFields(b, createKeys...); err != nil {
+			return nil, err
+		}
+	}
+	v := &volRow{ID: newID(), ProjectID: c.ProjectID, UserID: c.UserID, Status: StatusCreating, Zone: AvailabilityZone,
+		Metadata: map[string]string{}, ImageMetadata: map[string]string{}}
+	for _, k := range [][2]string{{"name", "display_name"}, {"description", "display_description"}} {
+		val, err := b.optString(k[0], 255)
+		if err != nil {
+			return nil, err
+		}
+		if val == nil {
+			if val, err = b.optString(k[1], 255); err != nil {
+				return nil, err
+			}
+		}
+		if val != nil {
+			t := strings.TrimSpace(*val)
+			val = &t
+		}
+		if k[0] == "name" {
+			v.Name = val
+		} else {
+			v.Description = val
+		}
+	}
+	for key, what := range map[string]string{"snapshot_id": "a snapshot", "source_volid": "another volume",
+		"backup_id": "a backup", "consistencygroup_id": "a consistency group", "group_id": "a group"} {
+		if raw, ok := b[key]; ok && !isNull(raw) {
+			return nil, api.BadRequest("Creating a volume from %s is not supported yet.", what)
+		}
+	}
+	if multi, _, err := b.boolean("multiattach"); err != nil {
+		return nil, err
+	} else if multi {
+		return nil, api.BadRequest("Multiattach volumes are not supported yet.")
+	}
+	if az, err := b.optString("availability_zone", 255); err != nil {
+		return nil, err
+	} else if az != nil && *az != "" && *az != AvailabilityZone {
+		// cinder/exception.py InvalidAvailabilityZone
+		return nil, api.BadRequest("Availability zone '%s' is invalid.", *az)
+	}
+	if raw, ok := b["metadata"]; ok {
+		if v.Metadata, err = parseMetadata("metadata", raw); err != nil {
+			return nil, err
+		}
+	}
+	size, haveSize, err := b.size("size")
+	if err != nil {
+		return nil, err
+	}
+	typeRef, err := b.optString("volume_type", 255)
+	if err != nil {
+		return nil, err
+	}
+	imageRef, err := b.optString("imageRef", 255)
+	if err != nil {
+		return nil, err
+	}
+	if imageRef == nil {
+		if imageRef, err = b.optString("image_id", 255); err != nil {
+			return nil, err
+		}
+	}
+	if imageRef != nil && *imageRef != "" {
+		img, err := s.volumeImage(ctx, c, *imageRef)
+		if err != nil {
+			return nil, err
+		}
+		imgGB := gib(img.VirtualSize)
+		if imgGB == 0 {
+			imgGB = gib(img.Size)
+		}
+		if !haveSize {
+			size, haveSize = max(imgGB, int64(img.MinDisk), 1), true
+		}
+		// cinder/volume/flows/api/create_volume.py _check_image_metadata
+		if imgGB > size {
+			return nil, invalidInput("Size of specified image %dGB is larger than volume size %dGB.", imgGB, size)
+		}
+		if int64(img.MinDisk) > size {
+			return nil, invalidInput("Volume size %dGB cannot be smaller than the image minDisk size %dGB.", size, img.MinDisk)
+		}
+		v.ImageID, v.Bootable = img.ID, true
+		v.ImageMetadata = map[string]string{"image_id": img.ID, "image_name": img.Name, "container_format": img.ContainerFormat,
+			"disk_format": img.DiskFormat, "checksum": img.Checksum, "size": strconv.FormatInt(img.Size, 10),
+			"min_disk": strconv.Itoa(img.MinDisk), "min_ram": strconv.Itoa(img.MinRAM)}
+	}
+	if !haveSize {
+		// cinder/volume/flows/api/create_volume.py _extract_size
+		return nil, invalidInput("Volume size '%s' must be an integer and greater than 0", "None")
+	}
+	v.Size = size
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
+		t, err := s.findType(ctx, tx, c, typeRef)
+		if err != nil {
+			return err
+		}
+		v.TypeID, v.TypeName = t.ID, t.Name
+		if err := s.reserve(ctx, tx, v.ProjectID, 1, v.Size, v.Size); err != nil {
+			return err
+		}
+		now := s.now()
+		v.CreatedAt, v.UpdatedAt = now, now
+		if err := insertVol(ctx, tx, v); err != nil {
+			return err
+		}
+		if err := s.meter(ctx, tx, v, now); err != nil {
+			return err
+		}
+		tx.AfterCommit(func() { s.kick(v.ID) })
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusAccepted, map[string]any{"volume": view(r, v)}), nil
+}
+
+// volumeImage checks that an image can become a volume: visible, active,
+// in a format qemu-img reads, and qemu-img present.
+func (s *Service) volumeImage(ctx context.Context, c *api.Caller, ref string) (*image.Image, error) {
+	if s.images == nil {
+		return nil, api.BadRequest("Creating a volume from an image is not supported by this cloud.")
+	}
+	img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), ref)
+	if errors.Is(err, store.ErrNotFound) {
+		// cinder/api/v2/volumes.py _image_uuid_from_ref
+		return nil, api.BadRequest("Invalid image identifier or unable to access requested image.")
+	}
+	if err != nil {
+		return nil, err
+	}
+	if img.Status != image.StatusActive || !img.HasData() {
+		return nil, invalidInput("Image %s is not active.", img.ID)
+	}
+	if qemuFormat(img.DiskFormat) == "" {
+		return nil, invalidInput("Image %s has disk format %s, which cannot be copied to a volume.", img.ID, img.DiskFormat)
+	}
+	if _, err := s.qemuImgPath(); err != nil {
+		return nil, api.BadRequest("Creating a volume from an image needs qemu-img, which this controller does not have.")
+	}
+	return img, nil
+}
+
+func (s *Service) qemuImgPath() (string, error) {
+	if s.qemuImg != "" {
+		return exec.LookPath(s.qemuImg)
+	}
+	return exec.LookPath("qemu-img")
+}
+
+// updateVolume is PUT /volumes/{id}: name, description and metadata (which
+// replaces the whole set), 200 with the volume.
+func (s *Service) updateVolume(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	c := caller(r)
+	b, err := decodeBody(r, "volume")
+	if err != nil {
+		return nil, err
+	}
+	if err := api.UnknownFields(b, "name", "description", "display_name", "display_description", "metadata"); err != nil {
+		return nil, err
+	}
+	if minor(r) >= 53 && len(b) == 0 {
+		return nil, api.BadRequest("Invalid input for field/attribute volume. Value: {}. {} is not valid under any of the given schemas")
+	}
+	type change struct {
+		col string
+		val *string
+	}
+	var changes []change
+	for _, k := range [][3]string{{"name", "display_name", "name"}, {"description", "display_description", "description"}} {
+		for _, key := range k[:2] {
+			if _, ok := b[key]; !ok {
+				continue
+			}
+			val, err := b.optString(key, 255)
+			if err != nil {
+				return nil, err
+			}
+			if val != nil {
+				t := strings.TrimSpace(*val)
+				val = &t
+			}
+			changes = append(changes, change{k[2], val})
+			break
+		}
+	}
+	var meta map[string]string
+	if raw, ok := b["metadata"]; ok {
+		if meta, err = parseMetadata("metadata", raw); err != nil {
+			return nil, err
+		}
+	}
+	var v *volRow
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
+		var err error
+		if v, err = ownedVol(ctx, tx, c, r.PathValue("id")); err != nil {
+			return err
+		}
+		for _, ch := range changes {
+			if ch.col == "name" {
+				v.Name = ch.val
+			} else {
+				v.Description = ch.val
+			}
+		}
+		if meta != nil {
+			v.Metadata = meta
+		}
+		v.UpdatedAt = s.now()
+		_, err = tx.Exec(ctx, "UPDATE volumes SET name = ?, description = ?, metadata = ?, updated_at = ? WHERE id = ?",
+			v.Name, v.Description, store.JSON(v.Metadata), store.FormatTime(v.UpdatedAt), v.ID)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(200, map[string]any{"volume": view(r, v)}), nil
+}
+
+// deleteVolume is DELETE /volumes/{id}: 202, the volume goes to deleting
+// (and stops being charged) at once, and is gone once its file is.
+func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	c := caller(r)
+	q := r.URL.Query()
+	for _, k := range []string{"cascade", "force"} {
+		if v := q.Get(k); v != "" {
+			if b, ok := parseBool(v); !ok {
+				return nil, invalidInput("Invalid value '%s' for %s: must be a boolean.", v, k)
+			} else if b && k == "force" && minor(r) >= 23 && !c.IsAdmin() {
+				return nil, api.PolicyForbidden("volume_extension:volume_admin_actions:force_delete")
+			}
+		}
+	}
+	force := minor(r) >= 23 && q.Get("force") != "" && func() bool { b, _ := parseBool(q.Get("force")); return b }()
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		v, err := ownedVol(ctx, tx, c, r.PathValue("id"))
+		if err != nil {
+			return err
+		}
+		if v.Status == StatusDeleting {
+			return nil // already on its way (cinder answers 202 again)
+		}
+		if !deletable[v.Status] && !(force && v.Status != StatusCreating) {
+			// cinder/volume/api.py API.delete
+			return invalidVolume("Volume status must be available or error or error_restoring or error_extending or error_managing " +
+				"and must not be migrating, attached, belong to a group, have snapshots, awaiting a transfer, or be disassociated from snapshots after volume transfer.")
+		}
+		if _, err := s.setStatus(ctx, tx, v, StatusDeleting, ""); err != nil {
+			return err
+		}
+		tx.AfterCommit(func() { s.kick(v.ID) })
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusAccepted), nil
+}
+
+// ---- Listing ----
+
+// maxLimit is Cinder's osapi_max_limit.
+const maxLimit = 1000
+
+// sortColumns are the sort keys served, by API name.
+var sortColumns = map[string]func(a, b *volRow) int{
+	"id":                func(a, b *volRow) int { return strings.Compare(a.ID, b.ID) },
+	"name":              func(a, b *volRow) int { return strings.Compare(deref(a.Name), deref(b.Name)) },
+	"display_name":      func(a, b *volRow) int { return strings.Compare(deref(a.Name), deref(b.Name)) },
+	"status":            func(a, b *volRow) int { return strings.Compare(a.Status, b.Status) },
+	"size":              func(a, b *volRow) int { return cmp64(a.Size, b.Size) },
+	"availability_zone": func(a, b *volRow) int { return strings.Compare(a.Zone, b.Zone) },
+	"bootable":          func(a, b *volRow) int { return cmp64(int64(b2i(a.Bootable)), int64(b2i(b.Bootable))) },
+	"volume_type_id":    func(a, b *volRow) int { return strings.Compare(a.TypeID, b.TypeID) },
+	"created_at":        func(a, b *volRow) int { return a.CreatedAt.Compare(b.CreatedAt) },
+	"updated_at":        func(a, b *volRow) int { return a.UpdatedAt.Compare(b.UpdatedAt) },
+	"user_id":           func(a, b *volRow) int { return strings.Compare(a.UserID, b.UserID) },
+	"project_id":        func(a, b *volRow) int { return strings.Compare(a.ProjectID, b.ProjectID) },
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func cmp64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+type sortKey struct {
+	cmp  func(a, b *volRow) int
+	desc bool
+}
+
+// sortParams reads sort=key[:dir],... or sort_key/sort_dir
+// (cinder/api/common.py get_sort_params); the default is created_at desc.
+func sortParams(q url.Values) ([]sortKey, error) {
+	var keys, dirs []string
+	if s := q.Get("sort"); s != "" {
+		if q.Has("sort_key") || q.Has("sort_dir") {
+			return nil, api.BadRequest("The 'sort_key' and 'sort_dir' parameters are deprecated and cannot be used with the 'sort' parameter.")
+		}
+		for _, part := range strings.Split(s, ",") {
+			k, d, _ := strings.Cut(strings.TrimSpace(part), ":")
+			if d == "" {
+				d = "desc"
+			}
+			keys, dirs = append(keys, k), append(dirs, d)
+		}
+	} else {
+		keys, dirs = q["sort_key"], q["sort_dir"]
+		if len(keys) == 0 {
+			keys = []string{"created_at"}
+		}
+		for len(dirs) < len(keys) {
+			dirs = append(dirs, "desc")
+		}
+	}
+	var out []sortKey
+	for i, k := range keys {
+		cmp, ok := sortColumns[k]
+		if !ok {
+			return nil, invalidInput("Invalid sort key %s", k)
+		}
+		d := strings.ToLower(dirs[i])
+		if d != "asc" && d != "desc" {
+			return nil, invalidInput("Unknown sort direction, must be 'desc' or 'asc'")
+		}
+		out = append(out, sortKey{cmp, d == "desc"})
+	}
+	out = append(out, sortKey{sortColumns["id"], true})
+	return out, nil
+}
+
+// intParam reads a non-negative integer query parameter
+// (cinder/api/api_utils.py validate_integer).
+func intParam(q url.Values, name string) (int, bool, error) {
+	s := q.Get(name)
+	if !q.Has(name) {
+		return 0, false, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, false, invalidInput("%s must be an integer.", name)
+	}
+	if n < 0 {
+		return 0, false, invalidInput("%s must be >= 0", name)
+	}
+	return n, true, nil
+}
+
+// timeFilter is one created_at/updated_at comparison (3.60):
+// "gt:2020-01-01T00:00:00,lte:...".
+func timeFilter(name, spec string) (func(time.Time) bool, error) {
+	var tests []func(time.Time) bool
+	for _, unit := range strings.Split(spec, ",") {
+		op, ts, ok := strings.Cut(unit, ":")
+		if !ok {
+			return nil, api.BadRequest("Invalid %s value", name)
+		}
+		var at time.Time
+		var err error
+		for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999", "2006-01-02T15:04:05", "2006-01-02"} {
+			if at, err = time.Parse(layout, ts); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			return nil, api.BadRequest("Invalid %s value", ts)
+		}
+		switch op {
+		case "gt":
+			tests = append(tests, func(t time.Time) bool { return t.After(at) })
+		case "gte":
+			tests = append(tests, func(t time.Time) bool { return !t.Before(at) })
+		case "lt":
+			tests = append(tests, func(t time.Time) bool { return t.Before(at) })
+		case "lte":
+			tests = append(tests, func(t time.Time) bool { return !t.After(at) })
+		case "eq":
+			tests = append(tests, func(t time.Time) bool { return t.Equal(at) })
+		case "neq":
+			tests = append(tests, func(t time.Time) bool { return !t.Equal(at) })
+		default:
+			return nil, api.BadRequest("Invalid %s operator", op)
+		}
+	}
+	return func(t time.Time) bool {
+		for _, f := range tests {
+			if !f(t) {
+				return false
+			}
+		}
+		return true
+	}, nil
+}
+
+// visible loads the volumes a list shows: the caller's project's, or with
+// all_tenants every project's (admin; project_id narrows it), then the
+// filters of cinder/api/v3/volumes.py _get_volumes.
+func (s *Service) visible(r *http.Request) ([]*volRow, error) {
+	c := caller(r)
+	q := r.URL.Query()
+	where, args := "v.project_id = ?", []any{c.ProjectID}
+	if c.IsAdmin() {
+		if all, _ := parseBool(q.Get("all_tenants")); all {
+			where, args = "1 = 1", nil
+			if p := q.Get("project_id"); p != "" {
+				where, args = "v.project_id = ?", []any{p}
+			}
+		}
+	}
+	vols, err := loadVols(r.Context(), s.db, where, args...)
+	if err != nil {
+		return nil, err
+	}
+	mv := minor(r)
+	var tests []func(v *volRow) bool
+	for key, vals := range q {
+		val := vals[0]
+		switch key {
+		case "name", "display_name":
+			tests = append(tests, func(v *volRow) bool { return deref(v.Name) == val })
+		case "name~":
+			if mv >= 34 {
+				tests = append(tests, func(v *volRow) bool { return strings.Contains(deref(v.Name), val) })
+			}
+		case "status":
+			tests = append(tests, func(v *volRow) bool { return v.Status == val })
+		case "availability_zone":
+			tests = append(tests, func(v *volRow) bool { return v.Zone == val })
+		case "bootable":
+			b, ok := parseBool(val)
+			if !ok {
+				return nil, invalidInput("Invalid value '%s' for bootable: must be a boolean.", val)
+			}
+			tests = append(tests, func(v *volRow) bool { return v.Bootable == b })
+		case "volume_type", "volume_type_id":
+			tests = append(tests, func(v *volRow) bool { return v.TypeID == val || v.TypeName == val })
+		case "metadata":
+			var want map[string]string
+			if err := json.Unmarshal([]byte(strings.ReplaceAll(val, "'", `"`)), &want); err != nil {
+				return nil, invalidInput("Invalid filter metadata: %s", val)
+			}
+			tests = append(tests, func(v *volRow) bool {
+				for k, x := range want {
+					if v.Metadata[k] != x {
+						return false
+					}
+				}
+				return true
+			})
+		case "created_at", "updated_at":
+			if mv < 60 {
+				continue
+			}
+			f, err := timeFilter(key, val)
+			if err != nil {
+				return nil, err
+			}
+			if key == "created_at" {
+				tests = append(tests, func(v *volRow) bool { return f(v.CreatedAt) })
+			} else {
+				tests = append(tests, func(v *volRow) bool { return f(v.UpdatedAt) })
+			}
+		}
+	}
+	out := vols[:0]
+	for _, v := range vols {
+		ok := true
+		for _, t := range tests {
+			if !t(v) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+// listVolumes is GET /volumes and /volumes/detail with Cinder's paging
+// (limit, marker, offset, sort) and volumes_links when a page is full.
+func (s *Service) listVolumes(detail bool) api.HandlerFunc {
+	return func(r *http.Request) (*api.Response, error) {
+		q := r.URL.Query()
+		keys, err := sortParams(q)
+		if err != nil {
+			return nil, err
+		}
+		limit, haveLimit, err := intParam(q, "limit")
+		if err != nil {
+			return nil, err
+		}
+		offset, _, err := intParam(q, "offset")
+		if err != nil {
+			return nil, err
+		}
+		if !haveLimit || limit > maxLimit {
+			limit = maxLimit
+		}
+		vols, err := s.visible(r)
+		if err != nil {
+			return nil, err
+		}
+		sort.SliceStable(vols, func(i, j int) bool {
+			for _, k := range keys {
+				if c := k.cmp(vols[i], vols[j]); c != 0 {
+					return (c < 0) != k.desc
+				}
+			}
+			return false
+		})
+		total := len(vols)
+		if m := q.Get("marker"); m != "" {
+			i := 0
+			for i < len(vols) && vols[i].ID != m {
+				i++
+			}
+			if i == len(vols) {
+				// cinder/exception.py MarkerNotFound
+				return nil, api.NotFound("Marker %s could not be found.", m)
+			}
+			vols = vols[i+1:]
+		}
+		vols = vols[min(offset, len(vols)):]
+		page := vols[:min(limit, len(vols))]
+		items := make([]map[string]any, 0, len(page))
+		for _, v := range page {
+			if detail {
+				items = append(items, view(r, v))
+			} else {
+				items = append(items, summaryView(r, v))
+			}
+		}
+		out := map[string]any{"volumes": items}
+		if len(page) > 0 && len(page) == limit && len(vols) > len(page) {
+			nq := url.Values{}
+			for k, vs := range q {
+				if k != "marker" && k != "offset" {
+					nq[k] = vs
+				}
+			}
+			nq.Set("limit", strconv.Itoa(limit))
+			nq.Set("marker", page[len(page)-1].ID)
+			path := "/volumes"
+			if detail {
+				path += "/detail"
+			}
+			p := ""
+			if pid := projectInURL(r); pid != "" {
+				p = "/" + pid
+			}
+			out["volumes_links"] = []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v3" + p + path + "?" + nq.Encode()}}
+		}
+		if withCount, _ := parseBool(q.Get("with_count")); withCount && minor(r) >= 45 {
+			out["count"] = total
+		}
+		return api.JSON(200, out), nil
+	}
+}
+
+// summary is GET /volumes/summary (3.12; metadata from 3.36).
+func (s *Service) summary(r *http.Request) (*api.Response, error) {
+	if minor(r) < 12 {
+		return nil, api.NotFound("API version 3.%d is not supported on this method.", minor(r))
+	}
+	vols, err := s.visible(r)
+	if err != nil {
+		return nil, err
+	}
+	var size int64
+	meta := map[string][]string{}
+	for _, v := range vols {
+		size += v.Size
+		for k, x := range v.Metadata {
+			meta[k] = append(meta[k], x)
+		}
+	}
+	out := map[string]any{"total_count": len(vols), "total_size": size}
+	if minor(r) >= 36 {
+		out["metadata"] = meta
+	}
+	return api.JSON(200, map[string]any{"volume-summary": out}), nil
+}

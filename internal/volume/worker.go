@@ -1,0 +1,220 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/google/uuid"
+
+	"nimbus/internal/store"
+)
+
+func (s *Service) dataPath(id string) string { return filepath.Join(s.dataDir, id) }
+
+// Run resumes the data work a stopped controller left (volumes still
+// creating, extending or deleting), then waits for ctx; when ctx ends it
+// stops the work under way, which resumes at the next start.
+func (s *Service) Run(ctx context.Context) {
+	vols, err := loadVols(ctx, s.db, "v.status IN (?, ?, ?)", StatusCreating, StatusExtending, StatusDeleting)
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("volume: resuming work failed", "error", err)
+	}
+	for _, v := range vols {
+		s.kick(v.ID)
+	}
+	<-ctx.Done()
+	s.Close()
+}
+
+// Close stops the work under way and waits for it.
+func (s *Service) Close() {
+	s.stop()
+	s.wg.Wait()
+}
+
+// kick runs the data work volume id's status asks for, in the background.
+func (s *Service) kick(id string) {
+	if s.ctx.Err() != nil {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.process(s.ctx, id)
+	}()
+}
+
+// process does what a volume's status asks: make its file (creating), grow
+// it (extending) or remove it and the row (deleting), then records the
+// outcome in one transaction. It is idempotent, and one volume is worked
+// on by one goroutine at a time.
+func (s *Service) process(ctx context.Context, id string) {
+	mu, _ := s.busy.LoadOrStore(id, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
+	v, err := getVol(ctx, s.db, id)
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) && ctx.Err() == nil {
+			s.log.Warn("volume: reading volume failed", "volume", id, "error", err)
+		}
+		s.busy.Delete(id)
+		return
+	}
+	switch v.Status {
+	case StatusCreating:
+		werr := s.makeData(ctx, v)
+		if ctx.Err() != nil {
+			return // stopped: the next start resumes it
+		}
+		s.finish(ctx, v, werr, StatusCreating, func() { v.Status = StatusAvailable })
+	case StatusExtending:
+		werr := s.grow(v.ID, v.NewSize)
+		s.finish(ctx, v, werr, StatusExtending, func() { v.Size, v.NewSize = max(v.Size, v.NewSize), 0 })
+	case StatusDeleting:
+		err := os.Remove(s.dataPath(v.ID))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Error("volume: removing data failed", "volume", v.ID, "error", err)
+			s.record(ctx, v, func(q store.Querier) error {
+				_, err := s.setStatus(ctx, q, v, StatusErrorDeleting, err.Error(), StatusDeleting)
+				return err
+			})
+			return
+		}
+		s.record(ctx, v, func(q store.Querier) error {
+			_, err := q.Exec(ctx, "DELETE FROM volumes WHERE id = ? AND status = ?", v.ID, StatusDeleting)
+			return err
+		})
+		s.busy.Delete(id)
+	}
+}
+
+// finish records the end of a create or extend: available with the change
+// applied, or the error status with the reason.
+func (s *Service) finish(ctx context.Context, v *volRow, werr error, from string, apply func()) {
+	status, reason := StatusAvailable, ""
+	if werr != nil {
+		s.log.Error("volume: data work failed", "volume", v.ID, "status", from, "error", werr)
+		status, reason = StatusError, werr.Error()
+		if from == StatusExtending {
+			status, v.NewSize = StatusErrorExtending, 0
+		}
+	} else {
+		apply()
+	}
+	s.record(ctx, v, func(q store.Querier) error {
+		_, err := s.setStatus(ctx, q, v, status, reason, from)
+		return err
+	})
+}
+
+func (s *Service) record(ctx context.Context, v *volRow, f func(q store.Querier) error) {
+	err := s.db.Tx(ctx, func(tx *store.Tx) error { return f(tx) })
+	if err != nil && ctx.Err() == nil {
+		s.log.Error("volume: recording status failed", "volume", v.ID, "error", err)
+	}
+}
+
+// makeData makes a volume's file: sparse of its size, or the image's data
+// converted to raw and grown to the size. It writes a temporary file and
+// renames it, so that a file at DataPath is always whole.
+func (s *Service) makeData(ctx context.Context, v *volRow) error {
+	path := s.dataPath(v.ID)
+	if fi, err := os.Stat(path); err == nil && fi.Size() >= v.Size<<30 {
+		return nil // made before a restart
+	}
+	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp-" + uuid.NewString()[:8]
+	defer os.Remove(tmp)
+	if v.ImageID != "" {
+		if err := s.copyImage(ctx, v, tmp); err != nil {
+			return err
+		}
+	} else {
+		f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return err
+	}
+	if err := s.growFile(tmp, v.Size); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// copyImage converts the image's data to a raw file at dst with qemu-img,
+// reading it in the format its record names (never probing: a raw image
+// that looks like qcow2 must not reach host files through a backing file).
+func (s *Service) copyImage(ctx context.Context, v *volRow, dst string) error {
+	if s.images == nil {
+		return errors.New("no image service")
+	}
+	format := qemuFormat(v.ImageMetadata["disk_format"])
+	src := s.images.DataPath(v.ImageID)
+	if format == "" || src == "" {
+		return fmt.Errorf("image %s cannot be copied to a volume", v.ImageID)
+	}
+	bin, err := s.qemuImgPath()
+	if err != nil {
+		return fmt.Errorf("qemu-img: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, bin, "convert", "-f", format, "-O", "raw", "-t", "none", "-S", "4k", src, dst)
+	out, err := cmd.CombinedOutput()
+	if err != nil && strings.Contains(string(out), "cache mode") {
+		// cache=none needs O_DIRECT, which some file systems (tmpfs) lack.
+		cmd = exec.CommandContext(ctx, bin, "convert", "-f", format, "-O", "raw", "-S", "4k", src, dst)
+		out, err = cmd.CombinedOutput()
+	}
+	if err != nil {
+		return fmt.Errorf("copying image %s: %v: %s", v.ImageID, err, strings.TrimSpace(string(out)))
+	}
+	fi, err := os.Stat(dst)
+	if err != nil {
+		return err
+	}
+	if fi.Size() > v.Size<<30 {
+		return fmt.Errorf("image %s is %d bytes, larger than the volume's %d GiB", v.ImageID, fi.Size(), v.Size)
+	}
+	return nil
+}
+
+// qemuFormat is qemu-img's name for a Glance disk format, "" for those a
+// volume cannot be made from.
+func qemuFormat(diskFormat string) string {
+	switch diskFormat {
+	case "raw", "iso":
+		return "raw"
+	case "qcow2", "vmdk", "vdi", "vhdx":
+		return diskFormat
+	case "vhd":
+		return "vpc"
+	}
+	return ""
+}
+
+// grow makes volume id's file sizeGB long, never shorter.
+func (s *Service) grow(id string, sizeGB int64) error { return s.growFile(s.dataPath(id), sizeGB) }
+
+func (s *Service) growFile(path string, sizeGB int64) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Size() >= sizeGB<<30 {
+		return nil
+	}
+	return os.Truncate(path, sizeGB<<30)
+}
