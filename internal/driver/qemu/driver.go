@@ -1032,26 +1032,18 @@ func (d *Driver) Reboot(ctx context.Context, id string, hard bool) error {
 }
 
 // Pause freezes a running server's vCPUs.
-func (d *Driver) Pause(ctx context.Context, id string) error {
-	v, err := d.acquire(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer d.release(v)
-	p := v.current()
-	if p == nil || p.mon == nil {
-		return fmt.Errorf("qemu: pause %s: the server is not running", id)
-	}
-	if d.procPower(ctx, p) != driver.Paused {
-		if err := p.mon.Stop(ctx); err != nil {
-			return fmt.Errorf("qemu: pause %s: %w", id, err)
-		}
-	}
-	return v.setPower(wantPaused)
-}
+func (d *Driver) Pause(ctx context.Context, id string) error { return d.freeze(ctx, id, true) }
 
 // Unpause thaws a paused server.
-func (d *Driver) Unpause(ctx context.Context, id string) error {
+func (d *Driver) Unpause(ctx context.Context, id string) error { return d.freeze(ctx, id, false) }
+
+// freeze stops (pause) or continues a running server's vCPUs; asking for
+// the state it is in does nothing.
+func (d *Driver) freeze(ctx context.Context, id string, pause bool) error {
+	what, want, to, call := "unpause", driver.Running, wantRunning, (*qmp.Monitor).Cont
+	if pause {
+		what, want, to, call = "pause", driver.Paused, wantPaused, (*qmp.Monitor).Stop
+	}
 	v, err := d.acquire(ctx, id)
 	if err != nil {
 		return err
@@ -1059,14 +1051,14 @@ func (d *Driver) Unpause(ctx context.Context, id string) error {
 	defer d.release(v)
 	p := v.current()
 	if p == nil || p.mon == nil {
-		return fmt.Errorf("qemu: unpause %s: the server is not running", id)
+		return fmt.Errorf("qemu: %s %s: the server is not running", what, id)
 	}
-	if d.procPower(ctx, p) != driver.Running {
-		if err := p.mon.Cont(ctx); err != nil {
-			return fmt.Errorf("qemu: unpause %s: %w", id, err)
+	if d.procPower(ctx, p) != want {
+		if err := call(p.mon, ctx); err != nil {
+			return fmt.Errorf("qemu: %s %s: %w", what, id, err)
 		}
 	}
-	return v.setPower(wantRunning)
+	return v.setPower(to)
 }
 
 // Resize gives a server its new flavor: the VM stops (gracefully), its
