@@ -513,14 +513,10 @@ func benchIdleRSS() error {
 		}
 	}
 	time.Sleep(5 * time.Second)
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
-	if err != nil {
-		return err
+	rss := rssOf(strconv.Itoa(cmd.Process.Pid))
+	if rss == 0 {
+		return fmt.Errorf("rss: cannot read nimbus serve's resident memory")
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			fmt.Printf("idle nimbus serve resident memory:      %s\n", strings.TrimSpace(strings.TrimPrefix(line, "VmRSS:")))
-		}
-	}
+	fmt.Printf("idle nimbus serve resident memory:      %d kB\n", rss>>10)
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"strings"
 	"time"
 
 	"nimbus/internal/cloud"
@@ -65,15 +64,5 @@ func memNow() (heapMB, rssMB float64) {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	heapMB = float64(ms.HeapInuse) / (1 << 20)
-	if b, err := os.ReadFile("/proc/self/status"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-				var kb float64
-				fmt.Sscan(f[1], &kb)
-				rssMB = kb / 1024
-			}
-		}
-	}
-	return heapMB, rssMB
+	return float64(ms.HeapInuse) / (1 << 20), float64(rssOf("self")) / (1 << 20)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -16,7 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -86,8 +87,8 @@ func benchVM(guestDir string, runs int) error {
 	fmt.Printf("  Nimbus, create → ACTIVE:               %s\n", spread(active))
 	fmt.Printf("  Nimbus, create → SSH login:            %s  (%+.1f %% on bare)\n", spread(login),
 		100*(median(login).Seconds()/median(bare).Seconds()-1))
-	fmt.Printf("  QEMU RSS at login, bare / Nimbus:      %d / %d MiB\n", medianInt(bareRSS)>>20, medianInt(nimbusRSS)>>20)
-	fmt.Printf("  Nimbus process heap per VM (live):     %+d KiB\n", medianInt(heap)>>10)
+	fmt.Printf("  QEMU RSS at login, bare / Nimbus:      %d / %d MiB\n", median(bareRSS)>>20, median(nimbusRSS)>>20)
+	fmt.Printf("  Nimbus process heap per VM (live):     %+d KiB\n", median(heap)>>10)
 
 	// Throttles: the disk type's figures are on QEMU's command line; a
 	// flavor with low operator-set limits shows they bind in the guest.
@@ -244,7 +245,7 @@ func (nb *vmCloud) boot(name, flavor string, signer ssh.Signer) (vmRun, error) {
 	}
 	r.login = time.Since(start)
 	r.pid = qemuPID(sv.ID)
-	r.rss = rssOf(r.pid)
+	r.rss = rssOf(strconv.Itoa(r.pid))
 	return r, nil
 }
 
@@ -305,7 +306,7 @@ func bareBoot(dir string, g benchGuest, signer ssh.Signer, pub string) (time.Dur
 	if err := sshUntil(ctx, fmt.Sprintf("127.0.0.1:%d", port), signer); err != nil {
 		return 0, 0, err
 	}
-	return time.Since(start), rssOf(cmd.Process.Pid), nil
+	return time.Since(start), rssOf(strconv.Itoa(cmd.Process.Pid)), nil
 }
 
 // sshUntil retries an SSH login (a command run) until it works or ctx ends.
@@ -448,9 +449,10 @@ func qemuCmdline(pid int) string {
 	return strings.ReplaceAll(string(b), "\x00", " ")
 }
 
-// rssOf is a process's resident memory in bytes.
-func rssOf(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+// rssOf is a process's resident memory in bytes ("self" for this one),
+// 0 when it cannot be read.
+func rssOf(pid string) int64 {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0
 	}
@@ -471,20 +473,16 @@ func goHeap() int64 {
 	return int64(m.HeapAlloc)
 }
 
-func median(d []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[len(s)/2]
+// sorted is a sorted copy of v.
+func sorted[T cmp.Ordered](v []T) []T {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s
 }
 
-func medianInt(v []int64) int64 {
-	s := append([]int64(nil), v...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[len(s)/2]
-}
+func median[T cmp.Ordered](v []T) T { return sorted(v)[len(v)/2] }
 
 func spread(d []time.Duration) string {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	s := sorted(d)
 	return fmt.Sprintf("%6.2f s  (%.2f–%.2f)", median(s).Seconds(), s[0].Seconds(), s[len(s)-1].Seconds())
 }

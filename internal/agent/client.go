@@ -63,6 +63,16 @@ func (e *statusError) Error() string {
 	return fmt.Sprintf("controller answered %d %s: %s", e.status, e.code, e.msg)
 }
 
+// responseError is the error a refusal's body names, or its first bytes
+// when the body is not the agent API's error.
+func responseError(status int, data []byte) error {
+	var eb wire.ErrorBody
+	if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
+		eb.Error = wire.Error{Code: "unknown", Message: strings.TrimSpace(string(data[:min(len(data), 200)]))}
+	}
+	return &statusError{status: status, code: eb.Error.Code, msg: eb.Error.Message}
+}
+
 // maxResponse bounds what the agent reads from a controller.
 const maxResponse = 64 << 20
 
@@ -93,11 +103,7 @@ func (c *client) do(ctx context.Context, method, path string, timeout time.Durat
 		return fmt.Errorf("reading the controller's answer: %w", err)
 	}
 	if resp.StatusCode >= 300 {
-		var eb wire.ErrorBody
-		if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
-			eb.Error = wire.Error{Code: "unknown", Message: strings.TrimSpace(string(data[:min(len(data), 200)]))}
-		}
-		return &statusError{status: resp.StatusCode, code: eb.Error.Code, msg: eb.Error.Message}
+		return responseError(resp.StatusCode, data)
 	}
 	if out == nil {
 		return nil

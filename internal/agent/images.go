@@ -2,12 +2,10 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"strings"
 
 	"nimbus/internal/driver"
 	"nimbus/internal/fleet/wire"
@@ -64,9 +62,5 @@ func (s imageStore) do(req *http.Request) (*http.Response, error) {
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var eb wire.ErrorBody
-	if json.Unmarshal(data, &eb) != nil || eb.Error.Code == "" {
-		eb.Error = wire.Error{Code: "unknown", Message: strings.TrimSpace(string(data[:min(len(data), 200)]))}
-	}
-	return nil, &statusError{status: resp.StatusCode, code: eb.Error.Code, msg: eb.Error.Message}
+	return nil, responseError(resp.StatusCode, data)
 }
