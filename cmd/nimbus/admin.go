@@ -126,7 +126,7 @@ var adminCommands = map[string]adminCommand{
 		setup: func(a *adminRun, _ *flag.FlagSet) func(context.Context, []string) error { return a.prices }},
 	"prices set": {args: "<key>=<rate> ...", nargs: -1,
 		help: "Changes rates, keyed as \"prices\" lists them (vcpu, ram_gb, disk_gb:<type>, gpu:<model>,\n" +
-			"public_ipv4, windows_vcpu, windows_server, volume_gb, backup_gb, term:<months>).",
+			"public_ipv4, windows_vcpu, windows_server, volume_gb, backup_gb, image_gb, term:<months>).",
 		setup: func(a *adminRun, _ *flag.FlagSet) func(context.Context, []string) error { return a.setPrices }},
 	"trials": {help: "Lists trial requests, newest first.",
 		setup: func(a *adminRun, fs *flag.FlagSet) func(context.Context, []string) error {
@@ -641,7 +641,7 @@ func (a *adminRun) printPrices(p *billing.PriceList) error {
 			"rate_scale": billing.RateScale, "hourly": p}})
 	}
 	rates := map[string]int64{"vcpu": p.VCPU, "ram_gb": p.RAMGB, "public_ipv4": p.PublicIPv4, "windows_vcpu": p.WindowsVCPU,
-		"windows_server": p.WindowsServer, "volume_gb": p.VolumeGB, "backup_gb": p.BackupGB}
+		"windows_server": p.WindowsServer, "volume_gb": p.VolumeGB, "backup_gb": p.BackupGB, "image_gb": p.ImageGB}
 	for k, v := range p.DiskGB {
 		rates["disk_gb:"+k] = v
 	}

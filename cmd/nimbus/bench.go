@@ -34,7 +34,7 @@ import (
 func bench(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
 	dbURL := fs.String("database-url", "", "database to run on (default: SQLite in a temporary directory)")
-	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge, place, vm (real VMs: QEMU and the test guest)")
+	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge, place, vm (real VMs: QEMU and the test guest), login-attack (wrong-password clients against nimbus serve)")
 	duration := fs.Duration("duration", 5*time.Second, "how long the token scenario runs")
 	workers := fs.Int("workers", 16, "concurrent clients")
 	creates := fs.Int("creates", 2000, "servers created in the create scenario")
@@ -44,6 +44,8 @@ func bench(args []string) error {
 	placeCreates := fs.Int("place-creates", 1000, "servers created in the place scenario")
 	guestDir := fs.String("guest", "", "the test guest for the vm scenario (default: test/guest/build.sh's cache)")
 	vmRuns := fs.Int("vm-runs", 3, "boots of each kind in the vm scenario")
+	attackers := fs.Int("attackers", 128, "concurrent wrong-password clients in the login-attack scenario")
+	attackFor := fs.Duration("attack-duration", 10*time.Second, "how long the login-attack scenario attacks before a real login")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.Parse(args)
 	if *cpuProfile != "" {
@@ -64,6 +66,11 @@ func bench(args []string) error {
 
 	if want["rss"] {
 		if err := benchIdleRSS(); err != nil {
+			return err
+		}
+	}
+	if want["login-attack"] {
+		if err := benchLoginAttack(max(1, *attackers), *attackFor); err != nil {
 			return err
 		}
 	}
@@ -469,51 +476,78 @@ func (b *benchClient) detail(total int) error {
 	return nil
 }
 
-// benchIdleRSS starts `nimbus serve` as a child on a fresh directory and
-// free ports, waits for it to settle and reads its resident memory.
-func benchIdleRSS() error {
+// serveChild is `nimbus serve` run as a child process on loopback.
+type serveChild struct {
+	cmd         *exec.Cmd
+	dataDir     string
+	identityURL string
+}
+
+// startServe starts `nimbus serve` with args on a fresh directory and free
+// ports and waits until it is healthy; stop it with stop.
+func startServe(args ...string) (*serveChild, error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "nimbus-rss-")
+	dir, err := os.MkdirTemp("", "nimbus-serve-")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer os.RemoveAll(dir)
 	ports := make([]string, 8)
 	for i := range ports {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return err
+			os.RemoveAll(dir)
+			return nil, err
 		}
 		ports[i] = strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 		ln.Close()
 	}
-	cmd := exec.Command(exe, "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1",
+	s := &serveChild{dataDir: filepath.Join(dir, "data"), identityURL: "https://127.0.0.1:" + ports[0] + "/v3"}
+	s.cmd = exec.Command(exe, append([]string{"serve", "--data-dir", s.dataDir, "--listen", "127.0.0.1",
 		"--identity-port", ports[0], "--compute-port", ports[1], "--image-port", ports[2], "--network-port", ports[3],
 		"--billing-port", ports[4], "--agent-port", ports[5], "--console-port", ports[6],
-		"--volume-port", ports[7], "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		return err
+		"--volume-port", ports[7], "--log-level", "warn"}, args...)...)
+	s.cmd.Stdout, s.cmd.Stderr = io.Discard, io.Discard
+	if err := s.cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
-	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		resp, err := client.Get("https://127.0.0.1:" + ports[0] + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				break
+				return s, nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("rss: nimbus serve did not become healthy")
+			s.stop()
+			return nil, fmt.Errorf("nimbus serve did not become healthy")
 		}
 	}
+}
+
+func (s *serveChild) pid() string { return strconv.Itoa(s.cmd.Process.Pid) }
+
+func (s *serveChild) stop() {
+	s.cmd.Process.Signal(os.Interrupt)
+	s.cmd.Wait()
+	os.RemoveAll(filepath.Dir(s.dataDir))
+}
+
+// benchIdleRSS starts `nimbus serve` as a child, waits for it to settle and
+// reads its resident memory.
+func benchIdleRSS() error {
+	s, err := startServe()
+	if err != nil {
+		return fmt.Errorf("rss: %w", err)
+	}
+	defer s.stop()
 	time.Sleep(5 * time.Second)
-	rss := rssOf(strconv.Itoa(cmd.Process.Pid))
+	rss := rssOf(s.pid())
 	if rss == 0 {
 		return fmt.Errorf("rss: cannot read nimbus serve's resident memory")
 	}

@@ -15,6 +15,7 @@ import (
 	"nimbus/internal/cloud"
 	"nimbus/internal/driver/fake"
 	"nimbus/internal/fleet"
+	"nimbus/internal/identity"
 	"nimbus/internal/scheduler"
 )
 
@@ -58,6 +59,20 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.AdminPassword, "admin-password", os.Getenv("NIMBUS_ADMIN_PASSWORD"), "admin password on first start; default generated (env NIMBUS_ADMIN_PASSWORD)")
 	fs.StringVar(&cfg.DemoPassword, "demo-password", os.Getenv("NIMBUS_DEMO_PASSWORD"), "demo password on first start; default generated (env NIMBUS_DEMO_PASSWORD)")
 	fs.DurationVar(&cfg.TokenTTL, "token-ttl", time.Hour, "token lifetime")
+	cfg.Identity, cfg.HTTP = identity.DefaultLimits, cloud.DefaultHTTPLimits
+	fs.IntVar(&cfg.Identity.LockoutFailureAttempts, "lockout-failure-attempts", cfg.Identity.LockoutFailureAttempts, "failed password checks in a row that lock a user (Keystone's lockout_failure_attempts; 0: never)")
+	fs.DurationVar(&cfg.Identity.LockoutDuration, "lockout-duration", cfg.Identity.LockoutDuration, "how long a locked user stays locked after its last failure (0: until an admin enables it)")
+	fs.IntVar(&cfg.Identity.LoginFailuresPerAddress, "login-failures-per-ip", cfg.Identity.LoginFailuresPerAddress, "failed logins from one client address within --login-failure-window before it gets 429 (0: no limit)")
+	fs.DurationVar(&cfg.Identity.LoginFailureWindow, "login-failure-window", cfg.Identity.LoginFailureWindow, "the sliding window of --login-failures-per-ip")
+	fs.Float64Var(&cfg.Identity.TokenRate, "token-rate", cfg.Identity.TokenRate, "tokens per second one user may be issued on average (0: no limit)")
+	fs.IntVar(&cfg.Identity.TokenBurst, "token-burst", cfg.Identity.TokenBurst, "tokens one user may be issued at once beyond --token-rate")
+	fs.IntVar(&cfg.Identity.MaxTokensPerUser, "max-tokens-per-user", cfg.Identity.MaxTokensPerUser, "live tokens per user; a new one revokes the oldest (0: no limit)")
+	fs.IntVar(&cfg.Identity.PasswordHashes, "password-hashes", 0, "password hashes computed at once, 19 MiB each (0: one per CPU)")
+	fs.DurationVar(&cfg.HTTP.BodyGrace, "body-timeout", cfg.HTTP.BodyGrace, "time any request body may take, plus its size at --min-body-rate")
+	fs.Int64Var(&cfg.HTTP.MinBodyRate, "min-body-rate", cfg.HTTP.MinBodyRate, "slowest request body accepted beyond --body-timeout, in bytes per second")
+	fs.DurationVar(&cfg.HTTP.WriteTimeout, "write-timeout", cfg.HTTP.WriteTimeout, "time to handle a request and send its response (not image data, agents or the console)")
+	fs.DurationVar(&cfg.HTTP.IdleTimeout, "idle-timeout", cfg.HTTP.IdleTimeout, "how long a kept-alive connection may wait for its next request")
+	fs.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", cfg.HTTP.MaxConnsPerIP, "open connections per client address (IPv6: per /64) over all listeners (0: no limit)")
 	fs.StringVar(&cfg.Driver, "driver", "fake", "the local agent's hypervisor driver: fake (a simulated fleet) or qemu (real VMs on this machine)")
 	var qf qemuFlags
 	qf.register(fs)
@@ -68,7 +83,9 @@ func serve(args []string) error {
 	fs.Int64Var(&cfg.Billing.DefaultCreditLimit, "billing-credit-limit", 0, "credit limit of new accounts, in minor units")
 	fs.StringVar(&cfg.Billing.PresentationCurrency, "billing-presentation-currency", "", "a second currency shown beside amounts, e.g. USD")
 	fs.StringVar(&cfg.Billing.PresentationRate, "billing-presentation-rate", "0.011", "major units of the presentation currency per major unit of the billing currency")
-	testPayments := fs.Bool("billing-test-payments", true, "offer the simulated payment providers (test, webhook-test); turn off in production")
+	fs.Int64Var(&cfg.Billing.MaxTopup, "billing-max-topup", 100_000_000, "largest top-up, in minor units (100000000 = 1,000,000.00)")
+	fs.Int64Var(&cfg.Billing.MaxBalance, "billing-max-balance", 10_000_000_000, "largest balance a credit may bring an account to, in minor units (10000000000 = 100,000,000.00)")
+	fs.BoolVar(&cfg.Billing.TestPayments, "billing-test-payments", false, "offer the simulated payment providers (test, webhook-test), which credit money never paid: demos and tests only")
 	fs.Int64Var(&cfg.DemoCredit, "demo-credit", 100000, "the demo project's welcome credit on first start, in minor units")
 	weigher := fs.String("scheduler-weigher", "spread", "how hosts are chosen: spread (even load) or pack (fill hosts, keep whole hosts free)")
 	keepGPU := fs.Bool("scheduler-keep-gpu-hosts", true, "keep GPU hosts for GPU flavors: other servers go there only when nothing else fits")
@@ -82,7 +99,6 @@ func serve(args []string) error {
 	if cfg.QEMU, err = qf.options(); err != nil {
 		return err
 	}
-	cfg.Billing.NoTestPayments = !*testPayments
 	if cfg.Billing.PresentationCurrency != "" {
 		if _, err := billing.ParseRate(cfg.Billing.PresentationRate); err != nil {
 			return fmt.Errorf("--billing-presentation-rate: %w", err)
@@ -91,8 +107,20 @@ func serve(args []string) error {
 	if cfg.DownAfter <= 0 || cfg.AgentHeartbeat <= 0 || cfg.OpTimeout <= 0 {
 		return fmt.Errorf("--down-after, --heartbeat and --op-timeout must be positive")
 	}
+	if l := cfg.Identity; l.LockoutFailureAttempts < 0 || l.LockoutDuration < 0 || l.LoginFailuresPerAddress < 0 ||
+		!(l.TokenRate >= 0) || l.TokenBurst < 0 || l.MaxTokensPerUser < 0 || l.PasswordHashes < 0 || cfg.HTTP.MaxConnsPerIP < 0 {
+		return fmt.Errorf("the lockout, login, token, hash and connection limits must not be negative")
+	}
+	if cfg.Identity.LoginFailuresPerAddress > 0 && cfg.Identity.LoginFailureWindow <= 0 {
+		return fmt.Errorf("--login-failure-window must be positive")
+	}
 	if cfg.Billing.MinTopup < 1 || cfg.Billing.DefaultCreditLimit < 0 || cfg.DemoCredit < 0 {
 		return fmt.Errorf("--billing-min-topup must be positive, --billing-credit-limit and --demo-credit not negative")
+	}
+	if cfg.Billing.MaxTopup < cfg.Billing.MinTopup || cfg.Billing.MaxBalance < 1 || cfg.Billing.MaxBalance > billing.MaxAmount ||
+		cfg.Billing.DefaultCreditLimit > billing.MaxAmount || cfg.DemoCredit > cfg.Billing.MaxBalance {
+		return fmt.Errorf("--billing-max-topup must be at least --billing-min-topup, --billing-max-balance from 1 to %d, "+
+			"--billing-credit-limit at most %d and --demo-credit at most --billing-max-balance", int64(billing.MaxAmount), int64(billing.MaxAmount))
 	}
 
 	var lvl slog.Level

@@ -544,6 +544,8 @@ func (a *Agent) call(ctx context.Context, op wire.Op) (out any, err error) {
 		return nil, d.Resize(ctx, spec)
 	case wire.KindDestroy:
 		return nil, d.Destroy(ctx, id)
+	case wire.KindConfirm:
+		return nil, d.ConfirmResize(ctx, id)
 	case wire.KindPowerOff:
 		var p wire.PowerOffArgs
 		if err := args(&p); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 )
 
@@ -16,13 +17,22 @@ import (
 func DecodeJSON(r *http.Request, v any) error {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return OverLimit("Request is too large.")
-		}
-		return BadRequest("Malformed request body")
+		return bodyError(err)
 	}
 	return Unmarshal(body, v)
+}
+
+// bodyError is the client's error for a body that could not be read: too
+// long (413), too slow (408, see GuardBodies) or cut short (400).
+func bodyError(err error) *Error {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return OverLimit("Request is too large.")
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return Errorf(http.StatusRequestTimeout, "The request body arrived too slowly.")
+	}
+	return BadRequest("Malformed request body")
 }
 
 // Unmarshal decodes JSON with DecodeJSON's error mapping.

@@ -207,11 +207,18 @@ func (s *Service) wrap(rt Route) http.Handler {
 				}
 			}
 		}
+		orig := r.Body
+		body := &overLimitBody{ReadCloser: http.MaxBytesReader(w, r.Body, maxBody)}
+		defer func() {
+			if r.ContentLength > maxBody || body.hit {
+				drain(w, orig, r.ContentLength)
+			}
+		}()
 		if r.ContentLength > maxBody {
 			s.renderError(w, r, OverLimit("Request is too large."))
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		r.Body = body
 		if err := checkText(r, maxBody <= DefaultMaxBody*16); err != nil {
 			s.renderError(w, r, err)
 			return
@@ -301,6 +308,9 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 	}
 	return s.ResponseWriter.Write(b)
 }
+
+// Unwrap lets http.ResponseController reach the connection (deadlines).
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // Flush lets streaming bodies reach the client.
 func (s *statusRecorder) Flush() {

@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -31,11 +30,7 @@ func checkText(r *http.Request, checkBody bool) *Error {
 	}
 	b, err := io.ReadAll(r.Body)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return OverLimit("Request is too large.")
-		}
-		return BadRequest("Malformed request body")
+		return bodyError(err)
 	}
 	if bytes.IndexByte(b, 0) >= 0 || bytes.Contains(bytes.ToLower(b), []byte(`\u0000`)) || !utf8.Valid(b) {
 		return BadRequest("Invalid input: NUL characters and invalid UTF-8 are not allowed in the request body.")

@@ -23,6 +23,11 @@ func (s *Service) Accounts(ctx context.Context) ([]Account, error) {
 	}
 	out := make([]Account, 0, len(books))
 	for p, b := range books {
+		if b.err != nil {
+			// One unreadable account must not hide every other.
+			s.cfg.Log.Error("billing: account left out of the list", "project", p, "error", b.err)
+			continue
+		}
 		out = append(out, Account{ProjectID: p, Balance: b.Balance, CreditLimit: b.CreditLimit, Currency: s.cfg.Currency})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ProjectID < out[j].ProjectID })
@@ -72,7 +77,7 @@ func (s *Service) Prices(ctx context.Context) (*PriceList, error) {
 
 // SetPrices changes the named rates, keyed as billing_prices keys them:
 // vcpu, ram_gb, public_ipv4, windows_vcpu, windows_server, volume_gb,
-// backup_gb, disk_gb:<type>, gpu:<model> (rate units per hour) and
+// backup_gb, image_gb, disk_gb:<type>, gpu:<model> (rate units per hour) and
 // term:<months> (discount in basis points). Unknown keys and rates out of
 // range change nothing. It answers the list as saved.
 func (s *Service) SetPrices(ctx context.Context, rates map[string]int64) (*PriceList, error) {
@@ -106,7 +111,7 @@ func (s *Service) SetPrices(ctx context.Context, rates map[string]int64) (*Price
 // ignores other keys, which would make a typo a silent no-op.
 func priceKey(k string) bool {
 	switch k {
-	case "vcpu", "ram_gb", "public_ipv4", "windows_vcpu", "windows_server", "volume_gb", "backup_gb":
+	case "vcpu", "ram_gb", "public_ipv4", "windows_vcpu", "windows_server", "volume_gb", "backup_gb", "image_gb":
 		return true
 	}
 	for _, prefix := range []string{"disk_gb:", "gpu:", "term:"} {

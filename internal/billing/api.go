@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"nimbus/internal/api"
 	"nimbus/internal/store"
@@ -174,6 +175,8 @@ func topupError(err error, provider string, t *Topup) error {
 	switch {
 	case errors.As(err, &te):
 		return api.BadRequest("%s", te.Error())
+	case errors.Is(err, ErrBalanceLimit):
+		return balanceLimitError(err)
 	case errors.Is(err, ErrUnknownProvider):
 		return api.BadRequest("Unknown payment provider %q.", provider)
 	case errors.Is(err, ErrOperatorOnly):
@@ -186,6 +189,11 @@ func topupError(err error, provider string, t *Topup) error {
 		return api.Errorf(http.StatusBadGateway, "The payment provider %q did not answer; top-up %s is pending until it does.", provider, t.ID)
 	}
 	return err
+}
+
+// balanceLimitError is the 400 for a credit over Config.MaxBalance.
+func balanceLimitError(err error) error {
+	return api.BadRequest("%s.", upperFirst(strings.TrimPrefix(err.Error(), ErrBalanceLimit.Error()+": ")))
 }
 
 func isCardNumber(s string) bool {
@@ -310,7 +318,7 @@ func (s *Service) putPrices(r *http.Request) (*api.Response, error) {
 		return nil, api.BadRequest("'hourly' is a required property")
 	}
 	if err := api.UnknownFields(body.Hourly, "vcpu", "ram_gb", "disk_gb", "gpu", "public_ipv4", "windows_vcpu",
-		"windows_server", "volume_gb", "backup_gb"); err != nil {
+		"windows_server", "volume_gb", "backup_gb", "image_gb"); err != nil {
 		return nil, err
 	}
 	var out *PriceList
@@ -372,8 +380,8 @@ func (s *Service) putCreditLimit(r *http.Request) (*api.Response, error) {
 	if err := api.DecodeJSON(r, &body); err != nil {
 		return nil, err
 	}
-	if body.CreditLimit == nil || *body.CreditLimit < 0 {
-		return nil, api.BadRequest("'credit_limit' must be a non-negative integer of minor units.")
+	if body.CreditLimit == nil || *body.CreditLimit < 0 || *body.CreditLimit > MaxAmount {
+		return nil, api.BadRequest("'credit_limit' must be an integer of minor units from 0 to %d.", int64(MaxAmount))
 	}
 	if err := s.SetCreditLimit(r.Context(), p, *body.CreditLimit); err != nil {
 		return nil, err
@@ -400,6 +408,9 @@ func (s *Service) createAdjustment(r *http.Request) (*api.Response, error) {
 		return nil, api.BadRequest("'reference' must be at most 255 characters.")
 	}
 	e, err := s.addEntry(r.Context(), p, KindAdjustment, *body.Amount, body.Reference)
+	if errors.Is(err, ErrBalanceLimit) {
+		return nil, balanceLimitError(err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -73,7 +73,7 @@ func call(t *testing.T, srv *httptest.Server, method, path, token, body string) 
 func TestTopupMinimum(t *testing.T) {
 	storetest.ForEachEngine(t, func(t *testing.T, url string) {
 		db := openDB(t, url)
-		small := startAPI(t, New(db, Config{MinTopup: 100}))
+		small := startAPI(t, New(db, Config{MinTopup: 100, TestPayments: true}))
 		tests := []struct {
 			srv    *httptest.Server
 			body   string
@@ -104,7 +104,7 @@ func TestTopupMinimum(t *testing.T) {
 		if msg := body["error"].(map[string]any)["message"].(string); st != 400 || !strings.Contains(msg, "minimum of 100") {
 			t.Fatalf("message %q", msg)
 		}
-		def := startAPI(t, New(db, Config{}))
+		def := startAPI(t, New(db, Config{TestPayments: true}))
 		if st, _ := call(t, def, "POST", "/v1/topups", "other", `{"topup": {"amount": 9999, "provider": "test"}}`); st != 400 {
 			t.Fatalf("9999 under the default minimum: %d", st)
 		}
@@ -126,7 +126,7 @@ func TestTopupMinimum(t *testing.T) {
 func TestAPI(t *testing.T) {
 	storetest.ForEachEngine(t, func(t *testing.T, url string) {
 		db := openDB(t, url)
-		srv := startAPI(t, New(db, Config{MinTopup: 100}))
+		srv := startAPI(t, New(db, Config{MinTopup: 100, TestPayments: true}))
 		for i := 0; i < 5; i++ {
 			if st, b := call(t, srv, "POST", "/v1/topups", "demo", `{"topup": {"amount": 1000, "provider": "test"}}`); st != 201 {
 				t.Fatalf("topup %d %v", st, b)
@@ -216,7 +216,7 @@ func TestAPI(t *testing.T) {
 // credit keys its once-only row on that column without showing it.
 func TestLedgerPeriodStart(t *testing.T) {
 	storetest.ForEachEngine(t, func(t *testing.T, url string) {
-		b := New(openDB(t, url), Config{})
+		b := New(openDB(t, url), Config{TestPayments: true})
 		if err := b.Welcome(context.Background(), "p-demo", 5000); err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sort"
 	"strconv"
@@ -58,18 +59,31 @@ func (s *Service) Usage(ctx context.Context, project string, monthStart time.Tim
 			u = &ResourceUsage{ResourceID: id}
 			by[id] = u
 		}
-		if rest, ok := strings.CutPrefix(ref, "hour:"); ok {
+		hour, isHour := strings.CutPrefix(ref, "hour:")
+		resize, isResize := strings.CutPrefix(ref, "resize:")
+		var err error
+		switch {
+		case isHour:
 			u.Hours++
-			u.Hourly -= amount
-			kind, name, _ := strings.Cut(rest, ":")
-			u.Kind, u.Name = kind, name
-		} else {
-			u.Terms -= amount
+			u.Kind, u.Name, _ = strings.Cut(hour, ":")
+			u.Hourly, err = addMoney(u.Hourly, -amount)
+		case isResize:
+			// The difference of an hour that a larger period joined: not
+			// an hour of its own.
+			u.Kind, u.Name, _ = strings.Cut(resize, ":")
+			u.Hourly, err = addMoney(u.Hourly, -amount)
+		default:
 			if u.Kind == "" {
 				u.Kind = "server"
 			}
+			u.Terms, err = addMoney(u.Terms, -amount)
 		}
-		u.Amount -= amount
+		if err == nil {
+			u.Amount, err = addMoney(u.Amount, -amount)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("billing: usage of %s: %w", id, err)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -100,7 +114,9 @@ func (s *Service) getUsage(r *http.Request) (*api.Response, error) {
 	}
 	var total int64
 	for _, u := range us {
-		total += u.Amount
+		if total, err = addMoney(total, u.Amount); err != nil {
+			return nil, err
+		}
 	}
 	return api.JSON(http.StatusOK, map[string]any{"usage": map[string]any{
 		"month": start.Format("2006-01"), "currency": s.cfg.Currency, "total": total, "resources": us}}), nil

@@ -62,10 +62,19 @@ type Config struct {
 	// have two decimal places. An invalid rate disables the presentation
 	// currency with a logged error.
 	PresentationRate string
-	// NoTestPayments turns off the simulated providers (test and
-	// webhook-test), which credit accounts without taking money: a
-	// production cloud sets it and plugs in a real provider.
-	NoTestPayments bool
+	// MaxTopup is the largest top-up a customer may make, in minor units
+	// (default 100,000,000, i.e. 1,000,000.00).
+	MaxTopup int64
+	// MaxBalance is the largest balance a credit (a top-up, an operator's
+	// credit or adjustment, trial credit) may bring an account to, in
+	// minor units (default 10,000,000,000, i.e. 100,000,000.00); pending
+	// top-ups count. Together with MaxTopup it keeps every sum of amounts
+	// inside int64. At most 10^15.
+	MaxBalance int64
+	// TestPayments offers the simulated providers (test and webhook-test),
+	// which credit accounts without taking money: for demos and tests
+	// only, never in production.
+	TestPayments bool
 	// Now is the clock (default time.Now); tests inject theirs.
 	Now func() time.Time
 	// Log gets the charging job's lines (default slog.Default()).
@@ -79,6 +88,13 @@ func (c Config) withDefaults() Config {
 	if c.MinTopup <= 0 {
 		c.MinTopup = 10000
 	}
+	if c.MaxTopup <= 0 {
+		c.MaxTopup = 100_000_000
+	}
+	if c.MaxBalance <= 0 {
+		c.MaxBalance = 10_000_000_000
+	}
+	c.MaxBalance = min(c.MaxBalance, MaxAmount)
 	if c.HoursPerMonth <= 0 {
 		c.HoursPerMonth = 720
 	}
@@ -121,6 +137,7 @@ type Service struct {
 	cfg       Config
 	providers map[string]PaymentProvider
 	suspender Suspender // shelves servers; nil: nothing is shelved
+	detacher  Detacher  // detaches public addresses; nil: nothing is detached
 	// crashHook, when set, runs inside each charging transaction after its
 	// inserts and before the commit: tests kill the process there.
 	crashHook func()
@@ -133,7 +150,7 @@ type Service struct {
 // New makes the billing service. The tables come from migration 0008.
 func New(db *store.DB, cfg Config) *Service {
 	s := &Service{db: db, cfg: cfg.withDefaults(), providers: map[string]PaymentProvider{}}
-	if !s.cfg.NoTestPayments {
+	if s.cfg.TestPayments {
 		s.AddProvider(TestProvider{})
 	}
 	return s

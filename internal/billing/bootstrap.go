@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"fmt"
 
 	"nimbus/internal/store"
 )
@@ -13,6 +14,10 @@ import (
 func (s *Service) Welcome(ctx context.Context, project string, amount int64) error {
 	if amount <= 0 {
 		return nil
+	}
+	if amount > s.cfg.MaxBalance {
+		return fmt.Errorf("billing: the welcome credit %s %s is over the maximum balance of %s %s",
+			major(amount), s.cfg.Currency, major(s.cfg.MaxBalance), s.cfg.Currency)
 	}
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
 		if err := s.ensureAccount(ctx, tx, project); err != nil {

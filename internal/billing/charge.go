@@ -3,6 +3,7 @@ package billing
 import (
 	"context"
 	"database/sql"
+	"math"
 	"strings"
 	"time"
 
@@ -43,14 +44,17 @@ const chargeRowsPerInsert = 4000
 // marked complete in billing_state only once it ended Config.Grace ago.
 //
 // Rules: a resource pays each hour any of its usage periods touches (a
-// started hour in full), at the price of the earliest period in that hour,
-// so a resize changes the price from the next hour. Compute keeps a
-// server's period open while it is placed and not shelved, stopped or
-// not, so shelving stops charging and deleting ends it.
+// started hour in full), at the largest price of the periods in that hour:
+// the earliest period's charge, plus a "resize:" charge of the difference
+// for each later one that costs more. Compute keeps a server's period open
+// while it is placed and not shelved, stopped or not, so shelving stops
+// charging and deleting ends it. A prepaid term pays its spec's price of
+// each hour it covers; a server resized larger pays the rest hourly.
 //
 // Before charging, terms that ended are renewed or ended; after it, trial
 // credit that expired is taken back and every account that spends is
-// checked for running dry.
+// checked for running dry. Each project's terms, trial, charges and check
+// go on when another project's fail: those failures are logged.
 func (s *Service) ChargeUntil(ctx context.Context, now time.Time) (Result, error) {
 	now = now.UTC()
 	current := now.Truncate(time.Hour)
@@ -279,32 +283,118 @@ func (p *pass) read(ctx context.Context, after cursor) (*work, error) {
 	lp := periods[len(periods)-1]
 	w := &work{last: cursor{lp.ResourceID, lp.ID}, projects: map[string]bool{}}
 	metering.SortPeriods(periods)
-	metering.Assign(periods, p.from, p.to, func(h metering.Hour) bool {
-		pd := h.Period
-		price, err := p.hourly(pd)
-		if err != nil {
-			p.s.cfg.Log.Warn("billing: resource not fully priced", "resource", pd.ResourceID, "error", err)
+	for len(periods) > 0 {
+		n := 1
+		for n < len(periods) && periods[n].ResourceID == periods[0].ResourceID {
+			n++
 		}
-		covered := coveredBy(p.terms[pd.ResourceID], h.Start)
-		if h.Start.Equal(p.to) && pd.Open() && !covered {
-			p.spend[pd.ProjectID] += price
-		}
-		if covered || (!p.seenBefore.IsZero() && pd.Changed.Before(p.seenBefore) && !h.Start.After(p.seenThrough)) {
-			return true
-		}
-		w.charges = append(w.charges, charge{project: pd.ProjectID, resource: pd.ResourceID, hour: h.Start, amount: price,
-			ref: "hour:" + refName(pd)})
-		w.projects[pd.ProjectID] = true
-		return true
-	})
+		p.price(periods[:n], w)
+		periods = periods[n:]
+	}
 	return w, nil
 }
 
-// write records a batch's charges in one transaction.
+// price adds to w the charges of one resource's periods (sorted by start).
+// Each hour is charged at its earliest period's price; a later period that
+// starts inside the hour (a resize, an unshelve) and costs more adds the
+// difference, keyed by its start, so the hour costs the largest of the
+// prices in it, once, however many passes see it.
+func (p *pass) price(group []metering.Period, w *work) {
+	add := func(pd *metering.Period, at time.Time, amount int64, ref string) {
+		w.charges = append(w.charges, charge{project: pd.ProjectID, resource: pd.ResourceID, hour: at, amount: amount, ref: ref + refName(pd)})
+		w.projects[pd.ProjectID] = true
+	}
+	metering.Assign(group, p.from, p.to, func(h metering.Hour) bool {
+		top, covered := p.due(h.Period, h.Start)
+		if (!covered || top > 0) && !p.seen(h.Period, h.Start) {
+			add(h.Period, h.Start, top, "hour:")
+		}
+		end := h.Start.Add(time.Hour)
+		for i := range group {
+			pd := &group[i]
+			if !pd.Start.After(h.Start) || !pd.Start.Before(end) {
+				continue
+			}
+			due, _ := p.due(pd, h.Start)
+			if due <= top {
+				continue
+			}
+			if !p.seen(pd, h.Start) {
+				add(pd, pd.Start, due-top, "resize:")
+			}
+			top = due
+		}
+		return true
+	})
+	// What runs now: the open period's price, less what a term pays.
+	if last := &group[len(group)-1]; last.Open() {
+		due, _ := p.due(last, p.to)
+		if sum, err := addMoney(p.spend[last.ProjectID], due); err == nil {
+			p.spend[last.ProjectID] = sum
+		} else {
+			p.spend[last.ProjectID] = math.MaxInt64 // at least this much: the warnings and the dry check still hold
+		}
+	}
+}
+
+// seen reports whether an earlier complete pass charged pd's hour h
+// already: a period unchanged since Grace before that pass was seen by it
+// as it is now.
+func (p *pass) seen(pd *metering.Period, h time.Time) bool {
+	return !p.seenBefore.IsZero() && pd.Changed.Before(p.seenBefore) && !h.After(p.seenThrough)
+}
+
+// due is what pd owes for hour h: its hourly price, less the price of the
+// spec a prepaid term covering h was bought for (a resized server pays the
+// difference hourly; a smaller one pays nothing more and gets nothing
+// back). A term from before terms kept their spec covers the hour whole.
+// covered reports whether a term covers h at all.
+func (p *pass) due(pd *metering.Period, h time.Time) (amount int64, covered bool) {
+	price := p.hourly(pd.Kind, pd.SpecText, pd.Spec)
+	t := coveringTerm(p.terms[pd.ResourceID], h)
+	switch {
+	case t == nil:
+		return price, false
+	case t.specText == "":
+		return 0, true
+	}
+	return max(0, price-p.hourly(pd.Kind, t.specText, t.spec)), true
+}
+
+// write records a batch's charges in one transaction. When that fails and
+// the batch spans several projects, each project's charges are written in
+// a transaction of their own, so one project whose charges cannot be
+// written does not keep the others from being charged: it is logged and
+// the pass goes on. Only when no project can be written (the database
+// itself is failing) does the pass stop, to be retried.
 func (p *pass) write(ctx context.Context, w *work) error {
 	if len(w.charges) == 0 {
 		return nil
 	}
+	err := p.writeCharges(ctx, w.charges, w.projects)
+	if err == nil || len(w.projects) < 2 || ctx.Err() != nil {
+		return err
+	}
+	byProject := map[string][]charge{}
+	for _, c := range w.charges {
+		byProject[c.project] = append(byProject[c.project], c)
+	}
+	written := 0
+	for project, cs := range byProject {
+		if perr := p.writeCharges(ctx, cs, map[string]bool{project: true}); perr != nil {
+			p.s.cfg.Log.Error("billing: charging a project failed", "project", project, "charges", len(cs), "error", perr)
+			continue
+		}
+		written++
+	}
+	if written == 0 {
+		return err
+	}
+	return nil
+}
+
+// writeCharges records charges of projects in one transaction.
+func (p *pass) writeCharges(ctx context.Context, charges []charge, projects map[string]bool) error {
 	var inserted int
 	var amount int64
 	err := p.s.db.Tx(ctx, func(tx *store.Tx) error {
@@ -318,7 +408,7 @@ func (p *pass) write(ctx context.Context, w *work) error {
 				return err
 			}
 		}
-		for project := range w.projects {
+		for project := range projects {
 			if p.accounts[project] {
 				continue
 			}
@@ -328,16 +418,18 @@ func (p *pass) write(ctx context.Context, w *work) error {
 		}
 		per := chargeRowsPerInsert
 		if tx.Dialect() == store.Postgres {
-			per = len(w.charges) // arrays: no placeholder limit
+			per = len(charges) // arrays: no placeholder limit
 		}
-		for i := 0; i < len(w.charges); i += per {
-			part := w.charges[i:min(i+per, len(w.charges))]
+		for i := 0; i < len(charges); i += per {
+			part := charges[i:min(i+per, len(charges))]
 			k, a, err := p.insert(ctx, tx, part)
 			if err != nil {
 				return err
 			}
 			inserted += k
-			amount += a
+			if amount, err = addMoney(amount, a); err != nil {
+				return err
+			}
 		}
 		if p.s.crashHook != nil {
 			p.s.crashHook()
@@ -348,8 +440,10 @@ func (p *pass) write(ctx context.Context, w *work) error {
 		return err
 	}
 	p.charges += inserted
-	p.amount += amount
-	for project := range w.projects {
+	if p.amount, err = addMoney(p.amount, amount); err != nil {
+		p.amount = math.MaxInt64 // a report only: the ledger is the record
+	}
+	for project := range projects {
 		p.accounts[project] = true // committed: no need to ensure it again this pass
 	}
 	return nil
@@ -370,7 +464,10 @@ func refName(pd *metering.Period) string {
 func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, int64, error) {
 	var sum int64
 	for _, c := range part {
-		sum += c.amount
+		var err error
+		if sum, err = addMoney(sum, c.amount); err != nil {
+			return 0, 0, err
+		}
 	}
 	var res sql.Result
 	var err error
@@ -417,13 +514,18 @@ func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, in
 	return int(k), sum, nil
 }
 
-// hourly is a period's price for one hour: the Quote of its spec.
-func (p *pass) hourly(pd *metering.Period) (int64, error) {
-	key := pd.Kind + pd.SpecText
+// hourly is the price for one hour of a resource of kind and spec (text:
+// the spec as stored, the cache's key): the Quote of its spec. A spec the
+// price list cannot price in full is warned about once per pass.
+func (p *pass) hourly(kind, text string, sp metering.Spec) int64 {
+	key := kind + text
 	if v, ok := p.quotes[key]; ok {
-		return v, nil
+		return v
 	}
-	v, err := p.prices.HourlyOf(pd.Kind, pd.Spec, p.s.cfg.Currency, p.s.cfg.HoursPerMonth)
+	v, err := p.prices.HourlyOf(kind, sp, p.s.cfg.Currency, p.s.cfg.HoursPerMonth)
+	if err != nil {
+		p.s.cfg.Log.Warn("billing: resource not fully priced", "kind", kind, "spec", text, "error", err)
+	}
 	p.quotes[key] = v
-	return v, err
+	return v
 }

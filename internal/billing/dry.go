@@ -2,10 +2,10 @@ package billing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
-	"nimbus/internal/api"
 	"nimbus/internal/store"
 )
 
@@ -20,6 +20,17 @@ type Suspender interface {
 // ran dry and of terms that ended so.
 func (s *Service) SetSuspender(sp Suspender) { s.suspender = sp }
 
+// Detacher takes a suspended project's public addresses off its ports,
+// keeping them allocated to the project: network implements it
+// (network.Service.DetachFloatingIPs).
+type Detacher interface {
+	DetachFloatingIPs(ctx context.Context, project string) (int, error)
+}
+
+// SetDetacher connects the service that detaches the public addresses of
+// accounts that ran dry.
+func (s *Service) SetDetacher(d Detacher) { s.detacher = d }
+
 // funds is an account's balance and credit limit, read with q.
 type funds struct{ Balance, CreditLimit int64 }
 
@@ -29,8 +40,45 @@ func (s *Service) funds(ctx context.Context, q store.Querier, project string) (f
 	if err != nil && !store.IsNoRows(err) {
 		return f, err
 	}
-	err = q.QueryRow(ctx, "SELECT COALESCE(SUM(amount), 0) FROM billing_ledger WHERE project_id = ?", project).Scan(&f.Balance)
-	return f, err
+	var hi, lo int64
+	if err := q.QueryRow(ctx, "SELECT "+splitSum("amount")+" FROM billing_ledger WHERE project_id = ?", project).Scan(&hi, &lo); err != nil {
+		return f, err
+	}
+	if f.Balance, err = joinSum(hi, lo); err != nil {
+		return f, fmt.Errorf("billing: the balance of project %s: %w", project, err)
+	}
+	return f, nil
+}
+
+// ErrBalanceLimit is wrapped by a credit refused because it would take the
+// balance over Config.MaxBalance.
+var ErrBalanceLimit = errors.New("balance limit")
+
+// checkCredit refuses a credit of amount to project that would take its
+// balance, with the top-ups still pending, over Config.MaxBalance. Call it
+// inside the crediting transaction, after lockAccount.
+func (s *Service) checkCredit(ctx context.Context, q store.Querier, project string, amount int64) error {
+	f, err := s.funds(ctx, q, project)
+	total := f.Balance
+	if err == nil {
+		var hi, lo, pending int64
+		if err = q.QueryRow(ctx, "SELECT "+splitSum("amount")+" FROM billing_topups WHERE project_id = ? AND status = ?",
+			project, TopupPending).Scan(&hi, &lo); err != nil {
+			return err
+		}
+		pending, err = joinSum(hi, lo)
+		if err == nil {
+			total, err = addMoney(total, pending)
+		}
+		if err == nil {
+			total, err = addMoney(total, amount)
+		}
+	}
+	if errors.Is(err, ErrOverflow) || (err == nil && total > s.cfg.MaxBalance) {
+		return fmt.Errorf("%w: a credit of %s %s would take the balance of project %s (with pending top-ups) over the maximum of %s %s",
+			ErrBalanceLimit, major(amount), s.cfg.Currency, project, major(s.cfg.MaxBalance), s.cfg.Currency)
+	}
+	return err
 }
 
 // lockAccount creates project's account if needed and, on PostgreSQL,
@@ -46,21 +94,6 @@ func (s *Service) lockAccount(ctx context.Context, tx *store.Tx, project string)
 	}
 	_, err := tx.Exec(ctx, "SELECT project_id FROM billing_accounts WHERE project_id = ? FOR UPDATE", project)
 	return err
-}
-
-// CanSpend refuses (403, with the reason) a project whose balance is below
-// minus its credit limit: it may not create or unshelve servers until a
-// top-up brings it back. Compute asks it (compute.SpendGate).
-func (s *Service) CanSpend(ctx context.Context, project string) error {
-	f, err := s.funds(ctx, s.db, project)
-	if err != nil {
-		return err
-	}
-	if f.Balance < -f.CreditLimit {
-		return api.Forbidden("The billing account of project %s is below its credit limit (balance %s %s, credit limit %s %s): top up to create or unshelve servers.",
-			project, major(f.Balance), s.cfg.Currency, major(f.CreditLimit), s.cfg.Currency)
-	}
-	return nil
 }
 
 // Notice levels: the balance will last less than 72, 24 or 1 hours at the
@@ -89,7 +122,9 @@ type Notice struct {
 // hour of what it runs now): one whose balance fell below minus its credit
 // limit gets its servers shelved, never deleted, so nothing is lost and
 // charging stops; one whose balance lasts less than 72, 24 or 1 hours is
-// warned, once per level until its next payment.
+// warned, once per level until its next payment. Each project is judged on
+// its own: one whose account cannot be read or judged is logged and the
+// others are still checked.
 func (s *Service) checkAccounts(ctx context.Context, now time.Time, spend map[string]int64) error {
 	if len(spend) == 0 {
 		return nil
@@ -110,49 +145,88 @@ func (s *Service) checkAccounts(ctx context.Context, now time.Time, spend map[st
 		if f == nil {
 			f = &book{funds: funds{CreditLimit: s.cfg.DefaultCreditLimit}}
 		}
-		// The epoch is the sum of every credit ever made: it grows with
-		// each payment, so a payment re-arms every warning.
-		epoch := itoa(f.credits)
-		notify := func(level, msg string) error {
-			if told[project+"/"+level+"/"+epoch] {
-				return nil
+		if err := s.checkAccount(ctx, now, project, rate, f, told); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			return s.notify(ctx, project, level, epoch, msg, now)
+			s.cfg.Log.Error("billing: checking an account failed", "project", project, "error", err)
 		}
-		if f.Balance < -f.CreditLimit {
-			msg := fmt.Sprintf("The balance (%s %s) is below the credit limit (%s %s): the servers are shelved and kept; top up to unshelve them.",
-				major(f.Balance), s.cfg.Currency, major(f.CreditLimit), s.cfg.Currency)
-			if err := notify(NoticeSuspends, msg); err != nil {
+	}
+	return nil
+}
+
+// suspend takes what a project that ran dry holds out of use, keeping its
+// data: its servers are shelved and its public addresses detached. Its
+// volumes stay as they are (still charged: the provider still stores
+// them); the gate refuses to create or grow any of these until a top-up.
+// The next pass tries again what failed.
+func (s *Service) suspend(ctx context.Context, project string) error {
+	if s.suspender != nil {
+		if _, err := s.suspender.ShelveServers(ctx, project, nil); err != nil {
+			return fmt.Errorf("shelving an account that ran dry: %w", err)
+		}
+	}
+	if s.detacher != nil {
+		if _, err := s.detacher.DetachFloatingIPs(ctx, project); err != nil {
+			return fmt.Errorf("detaching the addresses of an account that ran dry: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkAccount shelves or warns one project spending rate per hour.
+func (s *Service) checkAccount(ctx context.Context, now time.Time, project string, rate int64, f *book, told map[string]bool) error {
+	if f.err != nil {
+		return f.err
+	}
+	// The epoch is the sum of every credit ever made: it grows with
+	// each payment, so a payment re-arms every warning.
+	epoch := itoa(f.credits)
+	notify := func(level, msg string) error {
+		if told[project+"/"+level+"/"+epoch] {
+			return nil
+		}
+		return s.notify(ctx, project, level, epoch, msg, now)
+	}
+	avail, err := addMoney(f.Balance, f.CreditLimit)
+	if err != nil {
+		return err
+	}
+	if avail < 0 {
+		msg := fmt.Sprintf("The balance (%s %s) is below the credit limit (%s %s): the servers are shelved and kept, the public IP addresses detached and kept, the volumes kept; addresses and volumes are still charged. Top up to unshelve the servers and attach the addresses again.",
+			major(f.Balance), s.cfg.Currency, major(f.CreditLimit), s.cfg.Currency)
+		if err := notify(NoticeSuspends, msg); err != nil {
+			return err
+		}
+		return s.suspend(ctx, project)
+	}
+	for _, w := range warnLevels {
+		need, err := mulMoney(rate, w.hours)
+		if err != nil {
+			return err
+		}
+		if avail < need {
+			msg := fmt.Sprintf("At the current spend of %s %s per hour the balance of %s %s lasts less than %d hours.",
+				major(rate), s.cfg.Currency, major(f.Balance), s.cfg.Currency, w.hours)
+			if err := notify(w.level, msg); err != nil {
 				return err
-			}
-			if s.suspender != nil {
-				if _, err := s.suspender.ShelveServers(ctx, project, nil); err != nil {
-					s.cfg.Log.Error("billing: shelving an account that ran dry failed", "project", project, "error", err)
-				}
-			}
-			continue
-		}
-		for _, w := range warnLevels {
-			if f.Balance+f.CreditLimit < rate*w.hours {
-				msg := fmt.Sprintf("At the current spend of %s %s per hour the balance of %s %s lasts less than %d hours.",
-					major(rate), s.cfg.Currency, major(f.Balance), s.cfg.Currency, w.hours)
-				if err := notify(w.level, msg); err != nil {
-					return err
-				}
 			}
 		}
 	}
 	return nil
 }
 
-// book is an account's funds and the sum of its credits.
+// book is an account's funds and the sum of its credits, or why they
+// could not be read (err: a ledger whose sums are out of range).
 type book struct {
 	funds
 	credits int64
+	err     error
 }
 
 // allFunds reads every account's balance, credits and limit: one scan of
-// the ledger's balance index and one of the accounts.
+// the ledger's balance index and one of the accounts. An account whose
+// sums do not fit int64 gets its book's err, not an error for all.
 func (s *Service) allFunds(ctx context.Context) (map[string]*book, error) {
 	out := map[string]*book{}
 	rows, err := s.db.Query(ctx, "SELECT project_id, credit_limit FROM billing_accounts")
@@ -172,7 +246,7 @@ func (s *Service) allFunds(ctx context.Context) (map[string]*book, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	rows, err = s.db.Query(ctx, `SELECT project_id, SUM(amount), SUM(CASE WHEN amount > 0 THEN amount ELSE 0 END)
+	rows, err = s.db.Query(ctx, `SELECT project_id, `+splitSum("amount")+`, `+splitSum("CASE WHEN amount > 0 THEN amount ELSE 0 END")+`
  FROM billing_ledger GROUP BY project_id`)
 	if err != nil {
 		return nil, err
@@ -180,8 +254,8 @@ func (s *Service) allFunds(ctx context.Context) (map[string]*book, error) {
 	defer rows.Close()
 	for rows.Next() {
 		var p string
-		var bal, cred int64
-		if err := rows.Scan(&p, &bal, &cred); err != nil {
+		var balHi, balLo, credHi, credLo int64
+		if err := rows.Scan(&p, &balHi, &balLo, &credHi, &credLo); err != nil {
 			return nil, err
 		}
 		b := out[p]
@@ -189,7 +263,13 @@ func (s *Service) allFunds(ctx context.Context) (map[string]*book, error) {
 			b = &book{funds: funds{CreditLimit: s.cfg.DefaultCreditLimit}}
 			out[p] = b
 		}
-		b.Balance, b.credits = bal, cred
+		b.Balance, b.err = joinSum(balHi, balLo)
+		if b.err == nil {
+			b.credits, b.err = joinSum(credHi, credLo)
+		}
+		if b.err != nil {
+			b.err = fmt.Errorf("billing: the balance of project %s: %w", p, b.err)
+		}
 	}
 	return out, rows.Err()
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 
 	"nimbus/internal/cloud"
+	"nimbus/internal/store"
 	"nimbus/internal/testenv"
 )
 
@@ -113,13 +114,23 @@ func TestRunningDry(t *testing.T) {
 		resp, raw = unshelve()
 		testenv.MustStatus(t, resp, raw, http.StatusForbidden)
 
-		// Charging stopped: another pass adds nothing for the server.
-		before := bill("GET", "/v1/account", "", 200)["account"].(map[string]any)["balance"].(float64)
+		// Charging stopped for the server: another pass charges only the
+		// shelve image's storage, which keeps its disk.
 		if _, err := c.Billing.ChargeUntil(ctx, clk.add(2*time.Hour)); err != nil {
 			t.Fatal(err)
 		}
-		if after := bill("GET", "/v1/account", "", 200)["account"].(map[string]any)["balance"].(float64); after != before {
-			t.Fatalf("a shelved server was charged: balance %v → %v", before, after)
+		var serverCharges, otherCharges int
+		since := store.FormatTime(clk.now().Add(-90 * time.Minute))
+		if err := c.DB.QueryRow(ctx, `SELECT COUNT(*) FROM billing_ledger WHERE kind = 'charge' AND project_id = ? AND resource_id = ? AND period_start >= ?`,
+			project, id, since).Scan(&serverCharges); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.DB.QueryRow(ctx, `SELECT COUNT(*) FROM billing_ledger WHERE kind = 'charge' AND project_id = ? AND resource_id <> ? AND period_start >= ?`,
+			project, id, since).Scan(&otherCharges); err != nil {
+			t.Fatal(err)
+		}
+		if serverCharges != 0 || otherCharges == 0 {
+			t.Fatalf("after shelve: %d charges for the server, %d for its shelve image; want none and some", serverCharges, otherCharges)
 		}
 
 		// A top-up past the limit reopens the account.

@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -77,12 +78,22 @@ func (s *Service) Account(ctx context.Context, project string) (*Account, error)
 }
 
 // addEntry appends one non-charge entry in its own transaction, creating
-// the account if needed.
+// the account if needed. Its size is at most Config.MaxBalance either way,
+// and a credit may not take the balance over it.
 func (s *Service) addEntry(ctx context.Context, project, kind string, amount int64, reference string) (*Entry, error) {
+	if amount > s.cfg.MaxBalance || amount < -s.cfg.MaxBalance {
+		return nil, fmt.Errorf("%w: an entry of %s %s is larger than the maximum balance of %s %s", ErrBalanceLimit,
+			major(amount), s.cfg.Currency, major(s.cfg.MaxBalance), s.cfg.Currency)
+	}
 	e := &Entry{ID: newID(), ProjectID: project, Kind: kind, Amount: amount, CreatedAt: s.cfg.Now().UTC(), Reference: reference}
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		if err := s.ensureAccount(ctx, tx, project); err != nil {
+		if err := s.lockAccount(ctx, tx, project); err != nil {
 			return err
+		}
+		if amount > 0 {
+			if err := s.checkCredit(ctx, tx, project, amount); err != nil {
+				return err
+			}
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
  VALUES (?, ?, ?, ?, NULL, NULL, ?, ?)`, e.ID, project, kind, amount, store.FormatTime(e.CreatedAt), reference)
@@ -94,8 +105,14 @@ func (s *Service) addEntry(ctx context.Context, project, kind string, amount int
 	return e, nil
 }
 
-// SetCreditLimit sets project's credit limit (minor units, ≥ 0).
+// ErrCreditLimit is a credit limit out of range.
+var ErrCreditLimit = fmt.Errorf("the credit limit must be between 0 and %d minor units", int64(MaxAmount))
+
+// SetCreditLimit sets project's credit limit (minor units, 0 to MaxAmount).
 func (s *Service) SetCreditLimit(ctx context.Context, project string, limit int64) error {
+	if limit < 0 || limit > MaxAmount {
+		return ErrCreditLimit
+	}
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
 		if err := s.ensureAccount(ctx, tx, project); err != nil {
 			return err

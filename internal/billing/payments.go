@@ -129,13 +129,17 @@ func (e *DeclineError) Unwrap() error { return ErrDeclined }
 // Declined is what a provider answers for a refused payment.
 func Declined(reason string) error { return &DeclineError{Reason: reason} }
 
-// TopupError is a top-up under the minimum.
+// TopupError is a top-up under the minimum or over the maximum.
 type TopupError struct {
-	Min, Amount int64
-	Currency    string
+	Min, Max, Amount int64
+	Currency         string
 }
 
 func (e *TopupError) Error() string {
+	if e.Amount > e.Max {
+		return "Top-up amount " + itoa(e.Amount) + " is over the maximum of " + itoa(e.Max) +
+			" minor units (" + major(e.Max) + " " + e.Currency + ")."
+	}
 	return "Top-up amount " + itoa(e.Amount) + " is under the minimum of " + itoa(e.Min) +
 		" minor units (" + major(e.Min) + " " + e.Currency + ")."
 }
@@ -292,7 +296,7 @@ func (s *Service) provider(name string) (PaymentProvider, bool) {
 	case "manual":
 		return ManualProvider{}, true
 	case webhookTestName:
-		return WebhookTestProvider{}, !s.cfg.NoTestPayments
+		return WebhookTestProvider{}, s.cfg.TestPayments
 	}
 	return nil, false
 }
@@ -318,12 +322,14 @@ func (s *Service) CreditManual(ctx context.Context, project string, amount int64
 }
 
 func (s *Service) topup(ctx context.Context, name string, req PayRequest, operator bool) (*Topup, error) {
-	minimum := s.cfg.MinTopup
+	// The operator's manual credits have no minimum and no per-top-up
+	// maximum; every credit is bounded by MaxBalance.
+	minimum, maximum := s.cfg.MinTopup, s.cfg.MaxTopup
 	if operator {
-		minimum = 1
+		minimum, maximum = 1, s.cfg.MaxBalance
 	}
-	if req.Amount < minimum {
-		return nil, &TopupError{Min: minimum, Currency: s.cfg.Currency, Amount: req.Amount}
+	if req.Amount < minimum || req.Amount > maximum {
+		return nil, &TopupError{Min: minimum, Max: maximum, Currency: s.cfg.Currency, Amount: req.Amount}
 	}
 	p, ok := s.provider(name)
 	if !ok {
@@ -336,7 +342,10 @@ func (s *Service) topup(ctx context.Context, name string, req PayRequest, operat
 		Status: TopupPending, CreatedAt: s.cfg.Now().UTC()}
 	req.TopupID, req.Currency = t.ID, s.cfg.Currency
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		if err := s.ensureAccount(ctx, tx, req.Project); err != nil {
+		if err := s.lockAccount(ctx, tx, req.Project); err != nil {
+			return err
+		}
+		if err := s.checkCredit(ctx, tx, req.Project, req.Amount); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO billing_topups (id, project_id, provider, amount, status, reference, failure_reason,

@@ -85,7 +85,7 @@ func errMessage(body map[string]any) string {
 func TestTopupProviders(t *testing.T) {
 	storetest.ForEachEngine(t, func(t *testing.T, url string) {
 		db := openDB(t, url)
-		srv := startAPI(t, New(db, Config{}))
+		srv := startAPI(t, New(db, Config{TestPayments: true}))
 		tests := []struct {
 			name, body string
 			status     int
@@ -172,7 +172,7 @@ func TestWebhookTopup(t *testing.T) {
 		db := openDB(t, url)
 		clk := &clock{}
 		clk.set("2025-03-01T10:00:00Z")
-		b := New(db, Config{Now: clk.now})
+		b := New(db, Config{Now: clk.now, TestPayments: true})
 		secret := b.cfg.WebhookSecrets[webhookTestName]
 		srv := startAPI(t, b)
 		pending := func(amount int) string {
@@ -277,7 +277,7 @@ func TestWebhookTopup(t *testing.T) {
 func TestManualTopup(t *testing.T) {
 	storetest.ForEachEngine(t, func(t *testing.T, url string) {
 		db := openDB(t, url)
-		srv := startAPI(t, New(db, Config{}))
+		srv := startAPI(t, New(db, Config{TestPayments: true}))
 		tests := []struct {
 			name, token, body string
 			status            int
@@ -402,7 +402,7 @@ func TestConvert(t *testing.T) {
 func TestPresentation(t *testing.T) {
 	storetest.ForEachEngine(t, func(t *testing.T, url string) {
 		db := openDB(t, url)
-		srv := startAPI(t, New(db, Config{PresentationCurrency: "USD", PresentationRate: "0.011"}))
+		srv := startAPI(t, New(db, Config{PresentationCurrency: "USD", PresentationRate: "0.011", TestPayments: true}))
 		if st, body := call(t, srv, "POST", "/v1/topups", "demo", `{"topup": {"amount": 10000}}`); st != 201 {
 			t.Fatalf("topup %d %v", st, body)
 		}
@@ -443,14 +443,21 @@ func TestPresentation(t *testing.T) {
 	})
 }
 
-// TestNoTestPayments: a production cloud offers no simulated provider.
+// TestNoTestPayments: by default a cloud offers no simulated provider,
+// which would credit money never paid: a top-up through one is refused in
+// OpenStack's shape and credits nothing.
 func TestNoTestPayments(t *testing.T) {
 	storetest.ForEachEngine(t, func(t *testing.T, url string) {
-		srv := startAPI(t, New(openDB(t, url), Config{NoTestPayments: true}))
+		srv := startAPI(t, New(openDB(t, url), Config{}))
 		for _, p := range []string{"test", "webhook-test"} {
-			if st, b := call(t, srv, "POST", "/v1/topups", "demo", `{"topup": {"amount": 10000, "provider": "`+p+`"}}`); st != 400 {
+			st, b := call(t, srv, "POST", "/v1/topups", "demo", `{"topup": {"amount": 10000, "provider": "`+p+`"}}`)
+			e, _ := b["error"].(map[string]any)
+			if st != 400 || e["code"] != float64(400) || !strings.Contains(e["message"].(string), p) {
 				t.Fatalf("provider %s: %d %v", p, st, b)
 			}
+		}
+		if a := accountOf(t, srv, "demo"); a["balance"] != float64(0) {
+			t.Fatalf("refused top-ups credited: %v", a)
 		}
 	})
 }

@@ -34,6 +34,7 @@ type PriceList struct {
 	WindowsServer int64            `json:"windows_server"` // Windows licence per server
 	VolumeGB      int64            `json:"volume_gb"`
 	BackupGB      int64            `json:"backup_gb"`
+	ImageGB       int64            `json:"image_gb"` // stored image data other than backups
 	// TermDiscounts are the prepaid terms on sale: months → discount in
 	// basis points (500 = 5%). Not a rate: kept here because the operator
 	// edits it with the rates.
@@ -43,7 +44,8 @@ type PriceList struct {
 // rows flattens the list into billing_prices rows.
 func (p *PriceList) rows() map[string]int64 {
 	m := map[string]int64{"vcpu": p.VCPU, "ram_gb": p.RAMGB, "public_ipv4": p.PublicIPv4,
-		"windows_vcpu": p.WindowsVCPU, "windows_server": p.WindowsServer, "volume_gb": p.VolumeGB, "backup_gb": p.BackupGB}
+		"windows_vcpu": p.WindowsVCPU, "windows_server": p.WindowsServer, "volume_gb": p.VolumeGB, "backup_gb": p.BackupGB,
+		"image_gb": p.ImageGB}
 	for k, v := range p.DiskGB {
 		m["disk_gb:"+k] = v
 	}
@@ -72,6 +74,8 @@ func (p *PriceList) set(key string, v int64) {
 		p.VolumeGB = v
 	case key == "backup_gb":
 		p.BackupGB = v
+	case key == "image_gb":
+		p.ImageGB = v
 	case strings.HasPrefix(key, "disk_gb:"):
 		p.DiskGB[strings.TrimPrefix(key, "disk_gb:")] = v
 	case strings.HasPrefix(key, "gpu:"):
@@ -154,6 +158,7 @@ type Choice struct {
 	OSType     string `json:"os_type,omitempty"` // "windows" adds the licence
 	VolumeGB   int64  `json:"volume_gb,omitempty"`
 	BackupGB   int64  `json:"backup_gb,omitempty"`
+	ImageGB    int64  `json:"image_gb,omitempty"`
 	Quantity   int64  `json:"quantity"` // 0 means 1
 }
 
@@ -207,7 +212,11 @@ func (p *PriceList) WithTariff(q Quote, tariff string, months int, hours int64) 
 		if hours < 0 || hours > maxDurationHours {
 			return q, fmt.Errorf("%w: duration_hours must be between 0 and %d", ErrInvalid, maxDurationHours)
 		}
-		q.Tariff, q.DurationHours, q.Total = TariffHourly, hours, q.Hourly*hours
+		total, err := mulMoney(q.Hourly, hours)
+		if err != nil {
+			return q, fmt.Errorf("%w: price too large", ErrInvalid)
+		}
+		q.Tariff, q.DurationHours, q.Total = TariffHourly, hours, total
 	case TariffPrepaid:
 		if hours != 0 {
 			return q, fmt.Errorf("%w: a prepaid term is set by term_months, not duration_hours", ErrInvalid)
@@ -217,10 +226,9 @@ func (p *PriceList) WithTariff(q Quote, tariff string, months int, hours int64) 
 			return q, err
 		}
 		q.Tariff, q.TermMonths, q.DiscountBP = TariffPrepaid, months, p.TermDiscounts[strconv.Itoa(months)]
-		if each > math.MaxInt64/max(q.Quantity, 1) {
+		if q.Total, err = mulMoney(each, q.Quantity); err != nil {
 			return q, fmt.Errorf("%w: price too large", ErrInvalid)
 		}
-		q.Total = each * q.Quantity
 	default:
 		return q, fmt.Errorf("%w: tariff must be %q or %q", ErrInvalid, TariffHourly, TariffPrepaid)
 	}
@@ -254,7 +262,8 @@ func (p *PriceList) Quote(c Choice, currency string, hoursPerMonth int) (Quote, 
 	switch {
 	case c.VCPUs < 0 || c.VCPUs > maxUnits, c.DiskGB < 0 || c.DiskGB > maxUnits,
 		c.GPUCount < 0 || c.GPUCount > maxUnits, c.RAMMB < 0 || c.RAMMB > maxRAMMB,
-		c.VolumeGB < 0 || c.VolumeGB > maxUnits, c.BackupGB < 0 || c.BackupGB > maxUnits:
+		c.VolumeGB < 0 || c.VolumeGB > maxUnits, c.BackupGB < 0 || c.BackupGB > maxUnits,
+		c.ImageGB < 0 || c.ImageGB > maxUnits:
 		return q, fmt.Errorf("%w: vcpus, ram, disk_gb and gpu_count must be between 0 and %d", ErrInvalid, maxUnits)
 	case q.Quantity < 0 || q.Quantity > maxQuantity:
 		return q, fmt.Errorf("%w: quantity must be between 1 and %d", ErrInvalid, maxQuantity)
@@ -300,6 +309,7 @@ func (p *PriceList) Quote(c Choice, currency string, hoursPerMonth int) (Quote, 
 	}
 	add("volume", "GB", c.VolumeGB, p.VolumeGB, 1)
 	add("backup", "GB", c.BackupGB, p.BackupGB, 1)
+	add("image", "GB", c.ImageGB, p.ImageGB, 1)
 	// Each item is below 2^48 minor units; check the products anyway.
 	if q.HourlyEach > math.MaxInt64/maxQuantity/int64(max(hoursPerMonth, 1)) {
 		return q, fmt.Errorf("%w: price too large", ErrInvalid)
@@ -325,6 +335,8 @@ func ChoiceOf(kind string, sp metering.Spec) Choice {
 		return Choice{VolumeGB: sp.SizeGB, Quantity: 1}
 	case metering.KindBackup:
 		return Choice{BackupGB: sp.SizeGB, Quantity: 1}
+	case metering.KindImage:
+		return Choice{ImageGB: sp.SizeGB, Quantity: 1}
 	}
 	return Choice{VCPUs: sp.VCPUs, RAMMB: sp.RAMMB, DiskType: sp.DiskType, DiskGB: sp.DiskGB, GPUModel: sp.GPUModel,
 		GPUCount: sp.GPUCount, PublicIPv4: sp.PublicIPv4, OSType: sp.OSType, Quantity: 1}
@@ -358,11 +370,14 @@ func (p *PriceList) TermPrice(hourly int64, months, hoursPerMonth int) (int64, e
 	if !ok {
 		return 0, fmt.Errorf("%w for a term of %d months: terms on sale are %s", ErrUnpriced, months, p.termList())
 	}
-	full := hourly * int64(hoursPerMonth) * int64(months)
-	if hourly != 0 && full/hourly != int64(hoursPerMonth)*int64(months) || full > math.MaxInt64/10000 {
+	full, err := mulMoney(hourly, int64(hoursPerMonth)*int64(months))
+	if err == nil {
+		full, err = mulMoney(full, 10000-bp)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("%w: price too large", ErrInvalid)
 	}
-	return ceilDiv(full*(10000-bp), 10000), nil
+	return ceilDiv(full, 10000), nil
 }
 
 // termList names the terms on sale, e.g. "1, 3, 6, 12 months".
@@ -384,5 +399,11 @@ func (p *PriceList) termList() string {
 	return strings.Join(parts, ", ") + " months"
 }
 
-// ceilDiv is a/b rounded up, for a ≥ 0 and b > 0.
-func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+// ceilDiv is a/b rounded up, for a ≥ 0 and b > 0, without overflow.
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 {
+		q++
+	}
+	return q
+}

@@ -39,21 +39,27 @@ type Term struct {
 	CreatedAt  time.Time `json:"created_at"`
 }
 
-// span is the stretch of hours a term covers: [start, end).
-type span struct{ start, end time.Time }
+// span is the stretch of hours a term covers, [start, end), and the spec
+// it was bought for (specText "" for terms from before specs were kept).
+type span struct {
+	start, end time.Time
+	specText   string
+	spec       metering.Spec
+}
 
-func coveredBy(spans []span, h time.Time) bool {
-	for _, s := range spans {
-		if !h.Before(s.start) && h.Before(s.end) {
-			return true
+// coveringTerm is the term of spans that covers hour h, or nil.
+func coveringTerm(spans []span, h time.Time) *span {
+	for i := range spans {
+		if !h.Before(spans[i].start) && h.Before(spans[i].end) {
+			return &spans[i]
 		}
 	}
-	return false
+	return nil
 }
 
 // termSpans reads the terms touching hours [from, to], by resource.
 func (s *Service) termSpans(ctx context.Context, from, to time.Time) (map[string][]span, error) {
-	rows, err := s.db.Query(ctx, "SELECT resource_id, starts_at, ends_at FROM billing_terms WHERE starts_at < ? AND ends_at > ?",
+	rows, err := s.db.Query(ctx, "SELECT resource_id, starts_at, ends_at, spec FROM billing_terms WHERE starts_at < ? AND ends_at > ?",
 		store.FormatTime(to.Add(time.Hour)), store.FormatTime(from))
 	if err != nil {
 		return nil, err
@@ -62,10 +68,17 @@ func (s *Service) termSpans(ctx context.Context, from, to time.Time) (map[string
 	out := map[string][]span{}
 	for rows.Next() {
 		var id, a, b string
-		if err := rows.Scan(&id, &a, &b); err != nil {
+		var sp span
+		if err := rows.Scan(&id, &a, &b, &sp.specText); err != nil {
 			return nil, err
 		}
-		out[id] = append(out[id], span{store.ParseTime(a), store.ParseTime(b)})
+		if sp.specText != "" {
+			if err := store.FromJSON(sp.specText, &sp.spec); err != nil {
+				return nil, err
+			}
+		}
+		sp.start, sp.end = store.ParseTime(a), store.ParseTime(b)
+		out[id] = append(out[id], sp)
 	}
 	return out, rows.Err()
 }
@@ -101,7 +114,10 @@ var (
 
 // BuyTerm rents a server of project for req.Months, from the next hour on
 // (the hour now is in stays hourly), paying the whole term now as one
-// charge. The balance must cover it within the credit limit.
+// charge. The term covers the server as it is now (its spec): resized
+// larger, it pays the difference hourly. The paid balance (the balance
+// less open trial credit, which pays only for hours used inside the trial)
+// must cover it within the credit limit.
 func (s *Service) BuyTerm(ctx context.Context, project string, req TermRequest) (*Term, error) {
 	if req.OnEnd == "" {
 		req.OnEnd = OnEndHourly
@@ -159,19 +175,14 @@ func (s *Service) newTerm(ctx context.Context, tx *store.Tx, project, server str
 	if err != nil {
 		return nil, err
 	}
-	a, err := s.funds(ctx, tx, project)
-	if err != nil {
+	if err := s.canPayUpFront(ctx, tx, project, amount, now); err != nil {
 		return nil, err
-	}
-	if a.Balance-amount < -a.CreditLimit {
-		return nil, fmt.Errorf("%w: the term costs %s %s and the balance is %s %s (credit limit %s)", ErrInsufficient,
-			major(amount), s.cfg.Currency, major(a.Balance), s.cfg.Currency, major(a.CreditLimit))
 	}
 	t := &Term{ID: newID(), ProjectID: project, ResourceID: server, Months: months, StartsAt: start,
 		EndsAt: start.AddDate(0, months, 0), Amount: amount, AutoRenew: renew, OnEnd: onEnd, Status: TermActive, CreatedAt: now}
-	if _, err := tx.Exec(ctx, `INSERT INTO billing_terms (`+termCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	if _, err := tx.Exec(ctx, `INSERT INTO billing_terms (`+termCols+`, spec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		t.ID, project, server, months, store.FormatTime(t.StartsAt), store.FormatTime(t.EndsAt), amount, b2i(renew), onEnd,
-		TermActive, store.FormatTime(now)); err != nil {
+		TermActive, store.FormatTime(now), p.SpecText); err != nil {
 		return nil, err
 	}
 	// The term's charge sits at its first hour; an hourly charge already
@@ -189,6 +200,31 @@ func (s *Service) newTerm(ctx context.Context, tx *store.Tx, project, server str
 		return nil, api.Conflict("The hour %s of server %s is charged already; order the term again.", store.FormatTime(start), server)
 	}
 	return t, nil
+}
+
+// canPayUpFront refuses (ErrInsufficient) an up-front payment of amount
+// that the paid balance cannot cover within the credit limit: open trial
+// credit is left out, since it pays only for hours used inside the trial.
+func (s *Service) canPayUpFront(ctx context.Context, q store.Querier, project string, amount int64, now time.Time) error {
+	a, err := s.funds(ctx, q, project)
+	if err != nil {
+		return err
+	}
+	trial, err := s.TrialRemaining(ctx, q, project, now)
+	if err != nil {
+		return err
+	}
+	paid := a.Balance - trial // trial ≤ its credit, and both are bounded
+	left, err := addMoney(paid, a.CreditLimit)
+	if err == nil && left >= amount {
+		return nil
+	}
+	msg := fmt.Sprintf("the term costs %s %s and the paid balance is %s %s (credit limit %s", major(amount), s.cfg.Currency,
+		major(paid), s.cfg.Currency, major(a.CreditLimit))
+	if trial > 0 {
+		msg += fmt.Sprintf("; trial credit of %s pays only for hours used inside the trial", major(trial))
+	}
+	return fmt.Errorf("%w: %s)", ErrInsufficient, msg)
 }
 
 func b2i(b bool) int {
@@ -301,7 +337,12 @@ func (s *Service) endTerms(ctx context.Context, now time.Time) error {
 			continue
 		}
 		if err != nil {
-			return err
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// One term's failure must not keep the others from settling.
+			s.cfg.Log.Error("billing: settling a term failed", "term", t.ID, "project", t.ProjectID, "error", err)
+			continue
 		}
 		if shelve && s.suspender != nil {
 			if _, err := s.suspender.ShelveServers(ctx, t.ProjectID, []string{t.ResourceID}); err != nil {

@@ -101,8 +101,11 @@ func (s *Service) ApproveTrial(ctx context.Context, id string, credit int64, end
 		if err != nil {
 			return err
 		}
-		if err := s.ensureAccount(ctx, tx, t.ProjectID); err != nil {
+		if err := s.lockAccount(ctx, tx, t.ProjectID); err != nil {
 			return err
+		}
+		if err := s.checkCredit(ctx, tx, t.ProjectID, credit); err != nil {
+			return fmt.Errorf("%w: %v", ErrTrialInvalid, err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
  VALUES (?, ?, ?, ?, ?, NULL, ?, ?)`, newID(), t.ProjectID, KindTrial, credit, id, store.FormatTime(now),
@@ -257,13 +260,21 @@ func (s *Service) openTrial(ctx context.Context, q store.Querier, project string
 
 // trialLeft is credit minus the charges recorded in [from, to), never
 // below 0. Only the ledger is read: no spent total is kept beside it.
+// Prepaid terms are paid from the paid balance alone (newTerm), so their
+// charges spend no trial credit: trial credit pays for hours used inside
+// the trial, not for months bought ahead.
 func trialLeft(ctx context.Context, q store.Querier, project string, credit int64, from, to string) (int64, error) {
-	var spent int64
-	if err := q.QueryRow(ctx, `SELECT COALESCE(SUM(-amount), 0) FROM billing_ledger
- WHERE project_id = ? AND kind = ? AND created_at >= ? AND created_at < ?`, project, KindCharge, from, to).Scan(&spent); err != nil {
+	var hi, lo int64
+	if err := q.QueryRow(ctx, `SELECT `+splitSum("-amount")+` FROM billing_ledger
+ WHERE project_id = ? AND kind = ? AND created_at >= ? AND created_at < ? AND reference NOT LIKE 'term:%'`,
+		project, KindCharge, from, to).Scan(&hi, &lo); err != nil {
 		return 0, err
 	}
-	return max(0, credit-spent), nil
+	spent, err := joinSum(hi, lo)
+	if err != nil {
+		return 0, err
+	}
+	return credit - min(max(spent, 0), credit), nil
 }
 
 // TrialRemaining is what is left at now of project's approved trial
@@ -326,7 +337,8 @@ func (s *Service) ExpireTrials(ctx context.Context, now time.Time) error {
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("billing: expire trial %s: %w", d.id, err)
+			// One trial's failure must not keep the others from expiring.
+			s.cfg.Log.Error("billing: expiring a trial failed", "trial", d.id, "project", d.project, "error", err)
 		}
 	}
 	return nil

@@ -97,7 +97,52 @@ type Config struct {
 	// Scheduler is how hosts are chosen; nil spreads and keeps GPU hosts
 	// for GPU flavors.
 	Scheduler *scheduler.Policy
-	Log       *slog.Logger
+	// Identity bounds logins and tokens per user and client address; the
+	// zero value limits only concurrent password hashes (nimbus serve's
+	// flags default to identity.DefaultLimits).
+	Identity identity.Limits
+	// HTTP bounds what slow or numerous connections can hold.
+	HTTP HTTPLimits
+	Log  *slog.Logger
+}
+
+// HTTPLimits bound what slow or numerous connections can hold on every
+// listener. A zero duration or rate takes DefaultHTTPLimits' value;
+// MaxConnsPerIP 0 is no limit.
+type HTTPLimits struct {
+	// A request body must arrive within BodyGrace plus its size at
+	// MinBodyRate bytes per second (api.GuardBodies).
+	BodyGrace   time.Duration
+	MinBodyRate int64
+	// WriteTimeout bounds a request's handling and response on the
+	// listeners that never stream (not image, agent or console).
+	WriteTimeout time.Duration
+	// IdleTimeout closes a kept-alive connection with no request.
+	IdleTimeout time.Duration
+	// MaxConnsPerIP bounds the open connections from one client address
+	// (an IPv6 /64) over all listeners.
+	MaxConnsPerIP int
+}
+
+// DefaultHTTPLimits are nimbus serve's.
+var DefaultHTTPLimits = HTTPLimits{BodyGrace: 30 * time.Second, MinBodyRate: 64 << 10,
+	WriteTimeout: 2 * time.Minute, IdleTimeout: 120 * time.Second, MaxConnsPerIP: 256}
+
+func (l HTTPLimits) withDefaults() HTTPLimits {
+	d := DefaultHTTPLimits
+	if l.BodyGrace <= 0 {
+		l.BodyGrace = d.BodyGrace
+	}
+	if l.MinBodyRate <= 0 {
+		l.MinBodyRate = d.MinBodyRate
+	}
+	if l.WriteTimeout <= 0 {
+		l.WriteTimeout = d.WriteTimeout
+	}
+	if l.IdleTimeout <= 0 {
+		l.IdleTimeout = d.IdleTimeout
+	}
+	return l
 }
 
 // Cloud is a running controller.
@@ -132,6 +177,7 @@ type Cloud struct {
 	agentCancel context.CancelFunc
 	localDriver driver.Driver
 	agentDone   chan struct{}
+	conns       *api.ConnLimiter
 }
 
 // Start brings a controller up. It returns once every listener is bound.
@@ -158,7 +204,8 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		return nil, fmt.Errorf("cloud: data directory: %w", err)
 	}
 	cfg.DatabaseURL = DatabaseURL(cfg.DataDir, cfg.DatabaseURL)
-	c := &Cloud{Config: cfg}
+	cfg.HTTP = cfg.HTTP.withDefaults()
+	c := &Cloud{Config: cfg, conns: api.NewConnLimiter(cfg.HTTP.MaxConnsPerIP)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -225,6 +272,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	// Services.
 	c.Identity = identity.New(db)
 	c.Identity.TokenTTL = cfg.TokenTTL
+	c.Identity.SetLimits(cfg.Identity)
 	c.Identity.SetCatalog([]identity.CatalogService{
 		{Type: "identity", Name: "keystone", URL: c.IdentityURL},
 		{Type: "compute", Name: "nova", URL: c.ComputeURL},
@@ -237,18 +285,25 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		{Type: "billing", Name: "nimbus-billing", URL: c.BillingURL},
 	})
 	c.Images = image.New(db, filepath.Join(cfg.DataDir, "images"))
-	c.Networks = network.New(db)
-	c.Volumes = volume.New(volume.Config{DB: db, DataDir: filepath.Join(cfg.DataDir, "volumes"), Images: c.Images,
-		Log: cfg.Log.With("component", "volume")})
 	bcfg := cfg.Billing
 	bcfg.Log = cfg.Log
 	c.Billing = billing.New(db, bcfg)
+	// Every service that starts or raises a charge asks billing's gate;
+	// an account that runs dry has its servers shelved and its public
+	// addresses detached.
+	c.Networks = network.New(db)
+	c.Networks.SetSpendGate(c.Billing)
+	c.Billing.SetDetacher(c.Networks)
+	c.Volumes = volume.New(volume.Config{DB: db, DataDir: filepath.Join(cfg.DataDir, "volumes"), Images: c.Images,
+		Log: cfg.Log.With("component", "volume"), Billing: c.Billing})
 	c.Fleet = fleet.New(db, fleet.Config{DownAfter: cfg.DownAfter, OpTimeout: cfg.OpTimeout, Log: cfg.Log})
 	c.Fleet.SetImages(hostImages{c.Images})
 	c.Driver = c.Fleet
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks,
 		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, ConsoleURL: c.ConsoleURL, Log: cfg.Log})
 	c.Billing.SetSuspender(c.Compute)
+	c.Fleet.SetPlacements(c.Compute)
+	c.Networks.SetServerOwner(c.Compute)
 	runCtx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 
@@ -300,14 +355,27 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	return c, nil
 }
 
-// serve serves h on ln, over TLS when tlsCfg is set.
+// serve serves h on ln, over TLS when tlsCfg is set, within the HTTP limits.
 func (c *Cloud) serve(name string, ln net.Listener, h http.Handler, tlsCfg *tls.Config) {
+	lim := c.Config.HTTP
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           api.GuardBodies(h, api.BodyTimeouts{Grace: lim.BodyGrace, MinRate: lim.MinBodyRate}),
 		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          slog.NewLogLogger(c.Config.Log.Handler(), slog.LevelWarn),
+		// Headers and query strings past this are no client's: a long
+		// filter list only makes longer queries.
+		MaxHeaderBytes: 64 << 10,
+		// GuardBodies moves the read deadline per request; this holds
+		// until it runs.
+		ReadTimeout: lim.BodyGrace,
+		IdleTimeout: lim.IdleTimeout,
+		ErrorLog:    slog.NewLogLogger(c.Config.Log.Handler(), slog.LevelWarn),
 	}
+	// Image data and agents' image streams take as long as they take;
+	// the console proxy's websockets last a session.
+	if name != "image" && name != "agent" && name != "console" {
+		srv.WriteTimeout = lim.WriteTimeout
+	}
+	ln = c.conns.Wrap(ln)
 	c.servers = append(c.servers, srv)
 	c.wg.Add(1)
 	go func() {

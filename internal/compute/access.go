@@ -47,7 +47,7 @@ func (s *Service) handleAccess(r *http.Request) (*api.Response, error) {
 // Linux and Administrator on Windows.
 func (s *Service) loginUser(r *http.Request, sv *server) string {
 	if sv.ImageRef != "" {
-		img, err := s.images.Get(r.Context(), sv.ProjectID, true, sv.ImageRef)
+		img, err := s.images.Get(r.Context(), sv.ProjectID, false, sv.ImageRef)
 		if err == nil && img.Properties["login_user"] != "" {
 			return img.Properties["login_user"]
 		}

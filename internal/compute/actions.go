@@ -300,6 +300,13 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 	} else if !ok || nf.Disabled {
 		return nil, api.BadRequest("Unable to locate requested flavor.")
 	}
+	pre, err := s.visibleServer(ctx, s.db, r.PathValue("id"), false)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkResize(ctx, pre, nf); err != nil {
+		return nil, err
+	}
 	st, err := s.schedState(ctx)
 	if err != nil {
 		return nil, err
@@ -415,7 +422,18 @@ func (s *Service) actConfirmResize(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	go s.dropKeptDisk(context.WithoutCancel(ctx), r.PathValue("id"))
 	return api.Empty(http.StatusNoContent), nil
+}
+
+// dropKeptDisk asks the driver, after a confirm, to delete the disk the
+// resize kept for a revert. It is best effort: a disk it leaves (the host
+// was down) goes with the server's next resize or its delete.
+func (s *Service) dropKeptDisk(ctx context.Context, id string) {
+	ctx = driver.WithOpKey(ctx, id+"/confirmResize/"+api.RequestID(ctx))
+	if err := s.driver.ConfirmResize(ctx, id); err != nil && !errors.Is(err, driver.ErrNotFound) {
+		s.log.Warn("confirm resize: the kept disk stays until the next resize or delete", "server", id, "error", err)
+	}
 }
 
 func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Response, error) {
@@ -547,11 +565,11 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 		newPass = *pass
 	}
 	sv, err := s.intent(r, simpleAction{"rebuild", taskRebuilding, "rebuild"}, func(tx *store.Tx, sv *server) error {
-		if img.MinRAM > sv.Doc.Flavor.RAM || (sv.Doc.Flavor.Disk > 0 && img.MinDisk > sv.Doc.Flavor.Disk) {
-			return api.BadRequest("Flavor's disk is too small for requested image.")
+		if err := imageFits(img, sv.Doc.Flavor.RAM, sv.Doc.Flavor.Disk); err != nil {
+			return err
 		}
 		sv.ImageRef = img.ID
-		sv.Doc.OSType = img.Properties["os_type"]
+		sv.Doc.OSType = osTypeOf(img)
 		sv.Doc.AdminPass = newPass
 		sv.Doc.OldVMState = sv.VMState
 		if name != nil {
@@ -562,8 +580,8 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 			if err != nil {
 				return err
 			}
-			if q.MetadataItems >= 0 && len(meta) > q.MetadataItems {
-				return metadataOverLimit(q.MetadataItems)
+			if err := checkMetadataCount(q.MetadataItems, len(meta)); err != nil {
+				return err
 			}
 			sv.Doc.Metadata = meta
 		}
@@ -644,19 +662,31 @@ func (s *Service) imageAction(r *http.Request, sa simpleAction, name string, met
 	if err != nil {
 		return nil, err
 	}
-	base := s.imageBase(ctx, pre.ImageRef)
+	// A snapshot or backup is a new charge on the server's account.
+	if err := s.checkSpend(ctx, pre.ProjectID); err != nil {
+		return nil, err
+	}
+	base := s.imageBase(ctx, pre.ProjectID, pre.ImageRef)
 	var imageID string
 	_, err = s.intent(r, sa, func(tx *store.Tx, sv *server) error {
-		props := map[string]string{"instance_uuid": sv.ID, "user_id": c.UserID}
-		if sv.ImageRef != "" {
-			props["base_image_ref"] = sv.ImageRef
+		// As Nova's _create_image: the customer's metadata may set
+		// image_type, but the server the image is of (instance_uuid,
+		// user_id, base_image_ref) and a backup's backup_type are
+		// compute's.
+		props := map[string]string{"image_type": extra["image_type"]}
+		for k, v := range meta {
+			props[k] = v
 		}
-		for _, m := range []map[string]string{extra, meta} {
-			for k, v := range m {
+		for k, v := range extra {
+			if k != "image_type" {
 				props[k] = v
 			}
 		}
-		img, err := s.images.CreateSnapshot(ctx, tx, sv.ProjectID, name, props, base)
+		props["instance_uuid"], props["user_id"] = sv.ID, c.UserID
+		if sv.ImageRef != "" {
+			props["base_image_ref"] = sv.ImageRef
+		}
+		img, err := s.images.CreateSnapshot(ctx, tx, sv.ProjectID, name, props, base, licenceOf(sv))
 		if err != nil {
 			return err
 		}
@@ -859,13 +889,55 @@ func (s *Service) actChangePassword(r *http.Request, arg json.RawMessage) (*api.
 	return api.Empty(http.StatusAccepted), nil
 }
 
+// imageFits is Nova's _validate_flavor_image_nostatus, for create and
+// rebuild alike: an image's min_ram, min_disk, size and virtual size
+// against a flavor's RAM (MiB) and root disk (GiB; 0 takes the image's).
+// The virtual size is the qcow2 header's, which the image's owner writes:
+// unchecked, a tiny image would give a root disk of any size.
+func imageFits(img *image.Image, ramMB, diskGB int) error {
+	if img.MinRAM > ramMB {
+		return api.BadRequest("Flavor's memory is too small for requested image.")
+	}
+	if diskGB <= 0 {
+		return nil
+	}
+	limit := int64(diskGB) << 30
+	if int64(img.MinDisk) > int64(diskGB) {
+		return api.BadRequest("Flavor's disk is too small for requested image.")
+	}
+	for _, size := range []int64{img.Size, img.VirtualSize} {
+		if size > limit {
+			return api.BadRequest("Flavor's disk is too small for requested image. Flavor disk is %d bytes, image is %d bytes.", limit, size)
+		}
+	}
+	return nil
+}
+
+// osTypeOf is the OS a server booted from img runs: the licence its data
+// carries, which no customer writes, else the image's os_type.
+func osTypeOf(img *image.Image) string {
+	if img.Licence != "" {
+		return img.Licence
+	}
+	return img.Properties["os_type"]
+}
+
+// licenceOf is the licence an image of sv's disk carries.
+func licenceOf(sv *server) string {
+	if sv.Doc.OSType == image.LicenceWindows {
+		return image.LicenceWindows
+	}
+	return ""
+}
+
 // imageBase is the image a server was built from, for the snapshot's
-// formats and OS properties; nil when it is gone.
-func (s *Service) imageBase(ctx context.Context, id string) *image.Image {
+// formats and OS properties; nil when it is gone or no longer the
+// server's project's to read.
+func (s *Service) imageBase(ctx context.Context, project, id string) *image.Image {
 	if id == "" {
 		return nil
 	}
-	img, err := s.images.Get(ctx, "", true, id)
+	img, err := s.images.Get(ctx, project, false, id)
 	if err != nil {
 		return nil
 	}

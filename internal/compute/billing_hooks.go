@@ -5,23 +5,39 @@ import (
 	"slices"
 
 	"nimbus/internal/api"
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
-// SpendGate is what compute asks before it lets a project take new
-// resources: billing answers an error (an *api.Error 403 with the reason)
-// while the project's account is below its credit limit.
+// SpendGate is what compute asks before it lets a project start or raise
+// a charge: billing answers an error (an *api.Error 403 with the reason)
+// while the project's account is below its credit limit. CanChange asks
+// for a resource that changes spec, and lets a change that does not raise
+// its hourly price through.
 type SpendGate interface {
 	CanSpend(ctx context.Context, project string) error
+	CanChange(ctx context.Context, project, kind string, from, to metering.Spec) error
 }
 
 // checkSpend asks the gate, when there is one, whether project may create
-// or unshelve servers.
+// or unshelve servers, or snapshot them.
 func (s *Service) checkSpend(ctx context.Context, project string) error {
 	if s.gate == nil {
 		return nil
 	}
 	return s.gate.CanSpend(ctx, project)
+}
+
+// checkResize asks the gate, when there is one, whether sv may be resized
+// to flavor nf: only a resize that raises its price needs funds.
+func (s *Service) checkResize(ctx context.Context, sv *server, nf *Flavor) error {
+	if s.gate == nil {
+		return nil
+	}
+	spec := func(f flavorSnap) metering.Spec {
+		return metering.ServerSpec(f.Name, int64(f.VCPUs), int64(f.RAM), int64(f.diskGB()), f.ExtraSpecs, sv.Doc.OSType)
+	}
+	return s.gate.CanChange(ctx, sv.ProjectID, metering.KindServer, spec(sv.Doc.Flavor), spec(snapOf(nf)))
 }
 
 // ShelveServers shelves, as billing's suspension does, the servers of

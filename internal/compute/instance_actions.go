@@ -21,7 +21,12 @@ type actionEvent struct {
 	Details    *string    `json:"details"`
 }
 
-// recordAction writes the start of an instance action in tx.
+// maxActions is how many instance actions a server keeps, newest first:
+// a customer can repeat an action (lock, unlock …) without end.
+const maxActions = 1000
+
+// recordAction writes the start of an instance action in tx and drops the
+// server's actions older than the newest maxActions.
 func (s *Service) recordAction(ctx context.Context, tx store.Querier, serverID, action string) error {
 	c := api.CallerFrom(ctx)
 	rid := api.RequestID(ctx)
@@ -31,6 +36,12 @@ func (s *Service) recordAction(ctx context.Context, tx store.Querier, serverID, 
 	now := store.FormatTime(s.now())
 	_, err := tx.Exec(ctx, `INSERT INTO compute_instance_actions (server_id, request_id, action, project_id, user_id,
  start_time, updated_at, events) VALUES (?,?,?,?,?,?,?,?)`, serverID, rid, action, c.ProjectID, c.UserID, now, now, "[]")
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `DELETE FROM compute_instance_actions WHERE server_id = ? AND request_id NOT IN
+ (SELECT request_id FROM compute_instance_actions WHERE server_id = ? ORDER BY start_time DESC, request_id DESC LIMIT ?)`,
+		serverID, serverID, maxActions)
 	return err
 }
 
@@ -84,9 +95,53 @@ func (s *Service) actionServer(r *http.Request) (*server, error) {
 	return sv, err
 }
 
-func (s *Service) listActions(ctx context.Context, serverID string) ([]actionRow, error) {
-	rows, err := s.db.Query(ctx, `SELECT server_id, request_id, action, project_id, user_id, message, start_time, updated_at, events
- FROM compute_instance_actions WHERE server_id=? ORDER BY start_time DESC, request_id DESC`, serverID)
+// actionPage selects a page of a server's actions, newest first: the one
+// of requestID if set, after the action marker names, updated within
+// [since, before] (zero for no bound), at most limit of them (-1 for all).
+type actionPage struct {
+	requestID, marker string
+	since, before     time.Time
+	limit             int
+}
+
+// listActions reads a page of a server's actions, filtered and limited in
+// SQL; a marker that names no action of the server is a 400.
+func (s *Service) listActions(ctx context.Context, serverID string, pg actionPage) ([]actionRow, error) {
+	q := `SELECT server_id, request_id, action, project_id, user_id, message, start_time, updated_at, events
+ FROM compute_instance_actions WHERE server_id = ?`
+	args := []any{serverID}
+	if pg.requestID != "" {
+		q += " AND request_id = ?"
+		args = append(args, pg.requestID)
+	}
+	if pg.marker != "" {
+		var start string
+		err := s.db.QueryRow(ctx, "SELECT start_time FROM compute_instance_actions WHERE server_id = ? AND request_id = ?",
+			serverID, pg.marker).Scan(&start)
+		if store.IsNoRows(err) {
+			return nil, api.BadRequest("Marker %s could not be found.", pg.marker)
+		}
+		if err != nil {
+			return nil, err
+		}
+		q += " AND (start_time < ? OR (start_time = ? AND request_id < ?))"
+		args = append(args, start, start, pg.marker)
+	}
+	// Stored times are fixed-width UTC text, so they compare as strings.
+	if !pg.since.IsZero() {
+		q += " AND updated_at >= ?"
+		args = append(args, store.FormatTime(pg.since))
+	}
+	if !pg.before.IsZero() {
+		q += " AND updated_at <= ?"
+		args = append(args, store.FormatTime(pg.before))
+	}
+	q += " ORDER BY start_time DESC, request_id DESC"
+	if pg.limit >= 0 {
+		q += " LIMIT ?"
+		args = append(args, pg.limit)
+	}
+	rows, err := s.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -132,25 +187,25 @@ func (s *Service) handleListActions(r *http.Request) (*api.Response, error) {
 			return nil, err
 		}
 	}
-	acts, err := s.listActions(r.Context(), sv.ID)
-	if err != nil {
-		return nil, err
-	}
 	out := []any{}
 	if !v.AtLeast(58) {
+		acts, err := s.listActions(r.Context(), sv.ID, actionPage{limit: -1})
+		if err != nil {
+			return nil, err
+		}
 		for _, a := range acts {
 			out = append(out, actionView(a, v))
 		}
 		return api.JSON(200, map[string]any{"instanceActions": out}), nil
 	}
-	var since, before time.Time
+	pg := actionPage{marker: q.Get("marker")}
 	if cs := q.Get("changes-since"); cs != "" {
-		if since, err = parseISOTime(cs); err != nil {
+		if pg.since, err = parseISOTime(cs); err != nil {
 			return nil, api.BadRequest("Invalid input for query parameters changes-since. Value: %s. '%s' is not a 'date-time'", cs, cs)
 		}
 	}
 	if cb := q.Get("changes-before"); cb != "" && v.AtLeast(66) {
-		if before, err = parseISOTime(cb); err != nil {
+		if pg.before, err = parseISOTime(cb); err != nil {
 			return nil, api.BadRequest("Invalid input for query parameters changes-before. Value: %s. '%s' is not a 'date-time'", cb, cb)
 		}
 	}
@@ -158,28 +213,13 @@ func (s *Service) handleListActions(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	marker := q.Get("marker")
-	started := marker == ""
-	for _, a := range acts {
-		if !started {
-			if a.RequestID == marker {
-				started = true
-			}
-			continue
-		}
-		if !since.IsZero() && a.Updated.Before(since) {
-			continue
-		}
-		if !before.IsZero() && a.Updated.After(before) {
-			continue
-		}
-		out = append(out, actionView(a, v))
-		if len(out) == limit {
-			break
-		}
+	pg.limit = limit
+	acts, err := s.listActions(r.Context(), sv.ID, pg)
+	if err != nil {
+		return nil, err
 	}
-	if !started {
-		return nil, api.BadRequest("Marker %s could not be found.", marker)
+	for _, a := range acts {
+		out = append(out, actionView(a, v))
 	}
 	body := map[string]any{"instanceActions": out}
 	if len(out) == limit && limit > 0 {
@@ -198,40 +238,38 @@ func (s *Service) handleShowAction(r *http.Request) (*api.Response, error) {
 	v := VersionFrom(r.Context())
 	c := api.CallerFrom(r.Context())
 	rid := r.PathValue("rid")
-	acts, err := s.listActions(r.Context(), sv.ID)
+	acts, err := s.listActions(r.Context(), sv.ID, actionPage{requestID: rid, limit: -1})
 	if err != nil {
 		return nil, err
 	}
-	for _, a := range acts {
-		if a.RequestID != rid {
-			continue
-		}
-		m := actionView(a, v)
-		// Events are admin-only before 2.51; tracebacks stay admin-only.
-		if c.IsAdmin() || v.AtLeast(51) {
-			evs := []any{}
-			for _, e := range a.Events {
-				em := map[string]any{"event": e.Event, "start_time": usgTime(e.StartTime), "finish_time": nil, "result": e.Result}
-				if e.FinishTime != nil {
-					em["finish_time"] = usgTime(*e.FinishTime)
-				}
-				if c.IsAdmin() {
-					em["traceback"] = e.Traceback
-				}
-				if v.AtLeast(62) {
-					em["hostId"] = hostID(a.ProjectID, e.Host)
-					if c.IsAdmin() {
-						em["host"] = e.Host
-					}
-				}
-				if v.AtLeast(84) {
-					em["details"] = e.Details
-				}
-				evs = append(evs, em)
-			}
-			m["events"] = evs
-		}
-		return api.JSON(200, map[string]any{"instanceAction": m}), nil
+	if len(acts) == 0 {
+		return nil, api.NotFound("Action for request_id %s on instance %s not found", rid, sv.ID)
 	}
-	return nil, api.NotFound("Action for request_id %s on instance %s not found", rid, sv.ID)
+	a := acts[0]
+	m := actionView(a, v)
+	// Events are admin-only before 2.51; tracebacks stay admin-only.
+	if c.IsAdmin() || v.AtLeast(51) {
+		evs := []any{}
+		for _, e := range a.Events {
+			em := map[string]any{"event": e.Event, "start_time": usgTime(e.StartTime), "finish_time": nil, "result": e.Result}
+			if e.FinishTime != nil {
+				em["finish_time"] = usgTime(*e.FinishTime)
+			}
+			if c.IsAdmin() {
+				em["traceback"] = e.Traceback
+			}
+			if v.AtLeast(62) {
+				em["hostId"] = hostID(a.ProjectID, e.Host)
+				if c.IsAdmin() {
+					em["host"] = e.Host
+				}
+			}
+			if v.AtLeast(84) {
+				em["details"] = e.Details
+			}
+			evs = append(evs, em)
+		}
+		m["events"] = evs
+	}
+	return api.JSON(200, map[string]any{"instanceAction": m}), nil
 }

@@ -73,6 +73,11 @@ func keypairNotFound(name, user string) error {
 	return api.NotFound("Keypair %s not found for user %s", name, user)
 }
 
+// maxPublicKey bounds an imported public key: an RSA key of 16384 bits in
+// OpenSSH form is about 2.8 KiB, a PEM x509 certificate a few KiB. Nova's
+// schema sets no length.
+const maxPublicKey = 16 << 10
+
 // keypairInvalid is Nova's InvalidKeypair, a 400.
 func keypairInvalid(reason string) error {
 	return api.BadRequest("Keypair data is invalid: %s", reason)
@@ -265,6 +270,9 @@ func (s *Service) createKeypair(r *http.Request) (*api.Response, error) {
 		pub, ok := rawString(raw)
 		if !ok || len(pub) < 1 {
 			return nil, schemaError("public_key", raw, "%s is not of type 'string'", pyRepr(raw))
+		}
+		if len(pub) > maxPublicKey {
+			return nil, keypairInvalid("public_key is too long")
 		}
 		k.PublicKey = pub
 		if k.Fingerprint, err = keyFingerprint(typ, pub); err != nil {

@@ -3,6 +3,7 @@ package compute
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"nimbus/internal/api"
 	"nimbus/internal/driver"
 	"nimbus/internal/image"
+	"nimbus/internal/network"
 	"nimbus/internal/store"
 )
 
@@ -362,7 +364,7 @@ func (s *Service) spec(ctx context.Context, sv *server) (driver.Spec, error) {
 			sp.UserData = b
 		}
 	}
-	if img := sv.Doc.Metadata["shelved_image_id"]; img != "" && sv.VMState == vmShelvedOffloaded {
+	if img := sv.Doc.Shelved.ImageID; img != "" && sv.VMState == vmShelvedOffloaded {
 		sp.ImageID = img
 	}
 	sp.DiskType, sp.DiskIOPS = diskThrottle(f)
@@ -379,22 +381,20 @@ func (s *Service) spec(ctx context.Context, sv *server) (driver.Spec, error) {
 	}
 
 	if sp.ImageID != "" {
+		img, err := s.bootImage(ctx, sv.ProjectID, sp.ImageID)
+		if err != nil {
+			return sp, err
+		}
 		sp.Image = driver.ImageRef{ID: sp.ImageID}
-		img, err := s.images.Get(ctx, sv.ProjectID, true, sp.ImageID)
-		switch {
-		case err == nil:
+		if img != nil {
 			sp.Image = imageRef(img)
 			if img.Properties["img_config_drive"] == "mandatory" {
 				sp.ConfigDrive = true
 			}
-		case !errors.Is(err, store.ErrNotFound):
-			return sp, err
 		}
-		// An image deleted since the server was made is still in its
-		// host's cache: the driver says so if it is not.
 	}
 
-	ports, err := s.networks.ServerPorts(ctx, sv.ID)
+	ports, err := s.networks.ServerPorts(ctx, network.ServerRef{ID: sv.ID, ProjectID: sv.ProjectID})
 	if err != nil {
 		return sp, err
 	}
@@ -406,6 +406,66 @@ func (s *Service) spec(ctx context.Context, sv *server) (driver.Spec, error) {
 		}
 	}
 	return sp, nil
+}
+
+// errImageUnusable is wrapped by spec's errors for an image the server's
+// project may not read: the step fails with the reason instead of retrying.
+var errImageUnusable = errors.New("image unusable")
+
+// bootImage is the image a server boots, with the rights of the server's
+// own project at the moment of use, and so is every image it names for
+// the hypervisor (kernel_id, ramdisk_id): an image's properties are its
+// owner's to write, so they may name anyone's image. An image deleted
+// since the server was made gives nil: its host may still have it cached,
+// and the driver says so if it has not.
+func (s *Service) bootImage(ctx context.Context, project, id string) (*image.Image, error) {
+	img, err := s.readableImage(ctx, project, id)
+	if err != nil || img == nil {
+		return nil, err
+	}
+	for _, k := range []string{"kernel_id", "ramdisk_id"} {
+		ref := img.Properties[k]
+		if ref == "" {
+			continue
+		}
+		part, err := s.readableImage(ctx, project, ref)
+		if err != nil && !errors.Is(err, errImageUnusable) {
+			return nil, err
+		}
+		if part == nil {
+			return nil, fmt.Errorf("%w: the %s %s of image %s could not be found", errImageUnusable, k, ref, id)
+		}
+	}
+	return img, nil
+}
+
+// readableImage is image id as project may read it; nil when it no longer
+// exists at all, errImageUnusable when it exists but is not the project's
+// to read.
+func (s *Service) readableImage(ctx context.Context, project, id string) (*image.Image, error) {
+	img, err := s.images.Get(ctx, project, false, id)
+	if err == nil {
+		return img, nil
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	if _, err := s.images.Get(ctx, "", true, id); errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: image %s could not be found", errImageUnusable, id)
+}
+
+// specFailed ends a step whose spec could not be made: an unusable image
+// fails the server with the reason (release as for the step's own
+// failure); any other error is retried.
+func (s *Service) specFailed(ctx context.Context, sv *server, task, event string, started time.Time, err error, release bool) error {
+	if !errors.Is(err, errImageUnusable) {
+		return err
+	}
+	return s.fail(ctx, sv, task, event, started, err, release)
 }
 
 // imageRef is what a driver needs of an image.

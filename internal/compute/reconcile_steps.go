@@ -52,7 +52,7 @@ func (s *Service) stepSchedule(ctx context.Context, sv *server, started time.Tim
 func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, event string) error {
 	spec, err := s.spec(ctx, sv)
 	if err != nil {
-		return err
+		return s.specFailed(ctx, sv, taskSpawning, event, started, err, sv.VMState == vmBuilding)
 	}
 	if err := retry(ctx, func() error { return s.driver.Spawn(ctx, spec) }); err != nil {
 		if ctx.Err() == nil {
@@ -66,12 +66,8 @@ func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, 
 			now := s.now()
 			cur.LaunchedAt = &now
 		}
-		if img := cur.Doc.Metadata["shelved_image_id"]; img != "" {
-			shelvedImage = img
-			for _, k := range []string{"shelved_image_id", "shelved_at", "shelved_host"} {
-				delete(cur.Doc.Metadata, k)
-			}
-		}
+		shelvedImage = cur.Doc.Shelved.ImageID
+		cur.Doc.Shelved = shelveState{}
 		cur.VMState, cur.TaskState, cur.Power = vmActive, "", int(driver.Running)
 		cur.Doc.AdminPass, cur.Doc.RequestedHost = "", ""
 		cur.Doc.Fault = nil
@@ -95,7 +91,7 @@ func (s *Service) stepDelete(ctx context.Context, sv *server, started time.Time)
 			return s.fail(ctx, sv, taskDeleting, "compute_terminate_instance", started, err, false)
 		}
 	}
-	shelved := sv.Doc.Metadata["shelved_image_id"]
+	shelved := sv.Doc.Shelved.ImageID
 	err := s.commit(ctx, sv.ID, taskDeleting, func(tx *store.Tx, cur *server) error {
 		if err := s.networks.ReleaseServer(ctx, tx, cur.ID); err != nil {
 			return err
@@ -128,12 +124,12 @@ func (s *Service) snapshot(ctx context.Context, sv *server, imageID string) erro
 func (s *Service) stepShelve(ctx context.Context, sv *server, started time.Time) error {
 	// The shelved image is made in its own transaction; when the image
 	// service cannot make one the server is shelved without it.
-	imageID := sv.Doc.Metadata["shelved_image_id"]
+	imageID := sv.Doc.Shelved.ImageID
 	if imageID == "" {
-		var base = s.imageBase(ctx, sv.ImageRef)
+		var base = s.imageBase(ctx, sv.ProjectID, sv.ImageRef)
 		err := s.db.Tx(ctx, func(tx *store.Tx) error {
-			img, err := s.images.CreateSnapshot(ctx, tx, sv.ProjectID, sv.Name+"-shelved",
-				map[string]string{"instance_uuid": sv.ID, "image_type": "snapshot", "base_image_ref": sv.ImageRef}, base)
+			img, err := s.images.CreateShelveImage(ctx, tx, sv.ProjectID, sv.Name+"-shelved",
+				map[string]string{"instance_uuid": sv.ID, "image_type": "snapshot", "base_image_ref": sv.ImageRef}, base, licenceOf(sv))
 			if err != nil {
 				return err
 			}
@@ -154,11 +150,7 @@ func (s *Service) stepShelve(ctx context.Context, sv *server, started time.Time)
 	}
 	return s.commit(ctx, sv.ID, taskShelving, func(tx *store.Tx, cur *server) error {
 		cur.VMState, cur.TaskState, cur.Power = vmShelved, taskShelvingOffloading, int(driver.Shutdown)
-		cur.Doc.Metadata["shelved_at"] = usgTime(s.now())
-		cur.Doc.Metadata["shelved_host"] = cur.Host
-		if imageID != "" {
-			cur.Doc.Metadata["shelved_image_id"] = imageID
-		}
+		cur.Doc.Shelved = shelveState{ImageID: imageID, At: s.now(), Host: cur.Host}
 		return s.saveServer(ctx, tx, cur)
 	})
 }
@@ -205,7 +197,7 @@ func (s *Service) stepUnshelve(ctx context.Context, sv *server, started time.Tim
 func (s *Service) stepResize(ctx context.Context, sv *server, started time.Time) error {
 	spec, err := s.spec(ctx, sv)
 	if err != nil {
-		return err
+		return s.specFailed(ctx, sv, taskResizeMigrating, "compute_resize_instance", started, err, false)
 	}
 	if err := retry(ctx, func() error { return s.driver.Resize(ctx, spec) }); err != nil {
 		return s.fail(ctx, sv, taskResizeMigrating, "compute_resize_instance", started, err, false)
@@ -226,9 +218,10 @@ func (s *Service) stepRevert(ctx context.Context, sv *server, started time.Time)
 	}
 	spec, err := s.spec(ctx, sv)
 	if err != nil {
-		return err
+		return s.specFailed(ctx, sv, taskResizeReverting, "compute_revert_resize", started, err, false)
 	}
 	spec.VCPUs, spec.MemoryMB, spec.DiskGB = old.VCPUs, old.RAM, old.diskGB()
+	spec.Revert = true // the driver brings back the disk it kept
 	// The old flavor's pCPUs and GPUs are those kept under resize-source.
 	if c, ok, err := loadClaim(ctx, s.db, resizeSourceKey(sv.ID)); err != nil {
 		return err
@@ -283,7 +276,7 @@ func (s *Service) stepRebuild(ctx context.Context, sv *server, started time.Time
 func (s *Service) stepRebuildSpawn(ctx context.Context, sv *server, started time.Time) error {
 	spec, err := s.spec(ctx, sv)
 	if err != nil {
-		return err
+		return s.specFailed(ctx, sv, taskRebuildSpawning, "compute_rebuild_instance", started, err, false)
 	}
 	stopped := sv.Doc.OldVMState == vmStopped
 	err = retry(ctx, func() error {
@@ -361,6 +354,9 @@ func (s *Service) rotateBackups(ctx context.Context, sv *server, newest string) 
 				_ = s.images.Delete(ctx, b.ID)
 			}
 			continue
+		}
+		if b.Protected {
+			continue // Glance refuses to delete it: rotation leaves it be
 		}
 		if kept < keep {
 			kept++

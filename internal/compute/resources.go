@@ -144,6 +144,12 @@ func resPage(r *http.Request) (limit int, marker string, err error) {
 	return limit, q.Get("marker"), nil
 }
 
+// listTooLong is the 400 for a request list past its bound, in the shape
+// of Nova's schema errors but naming the count rather than echoing the list.
+func listTooLong(field string, n, limit int) error {
+	return api.BadRequest("Invalid input for field/attribute %s. The list has %d items, more than the %d allowed.", field, n, limit)
+}
+
 // schemaError is the 400 Nova's JSON-schema validation gives.
 func schemaError(field string, value any, format string, args ...any) error {
 	v, _ := json.Marshal(value)

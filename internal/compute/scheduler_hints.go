@@ -120,6 +120,10 @@ func parseSchedulerHints(raw json.RawMessage) (schedulerHints, error) {
 	return h, nil
 }
 
+// maxHintServers bounds same_host and different_host: Nova sets no count,
+// and each id is a lookup when the server is placed.
+const maxHintServers = 50
+
 // hintServers reads same_host or different_host: one server uuid or a list
 // of them. Nova's messages name a bad list item by its index.
 func hintServers(field string, raw json.RawMessage) ([]string, error) {
@@ -132,6 +136,9 @@ func hintServers(field string, raw json.RawMessage) ([]string, error) {
 	var l []json.RawMessage
 	if err := json.Unmarshal(raw, &l); err != nil || l == nil {
 		return nil, schemaError(field, raw, "%s is not of type 'string', 'array'", pyQuote(raw))
+	}
+	if len(l) > maxHintServers {
+		return nil, listTooLong(field, len(l), maxHintServers)
 	}
 	out := make([]string, 0, len(l))
 	for i, item := range l {

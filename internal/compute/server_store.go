@@ -84,6 +84,18 @@ type serverDoc struct {
 	// Password is os-server-password's: the Windows administrator
 	// password encrypted to the server's RSA key pair.
 	Password string `json:"password,omitempty"`
+	// Shelved is shelve's bookkeeping (Nova's system_metadata
+	// shelved_image_id, shelved_at, shelved_host). Only compute writes it;
+	// no API shows it or takes it, so a customer cannot point delete or
+	// unshelve at an image of their choice.
+	Shelved shelveState `json:"shelved,omitzero"`
+}
+
+// shelveState is what shelve keeps until unshelve or delete.
+type shelveState struct {
+	ImageID string    `json:"image_id,omitempty"`
+	At      time.Time `json:"at,omitzero"`
+	Host    string    `json:"host,omitempty"`
 }
 
 // server is one row of compute_servers.

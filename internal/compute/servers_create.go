@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"net"
 	"net/http"
@@ -74,6 +75,9 @@ func strField(obj map[string]json.RawMessage, field string) (*string, error) {
 	return &s, nil
 }
 
+// maxServerNICs bounds the networks one server is created on.
+const maxServerNICs = 16
+
 // countField reads min_count/max_count: a positive integer or a numeric string.
 func countField(obj map[string]json.RawMessage, field string) (int, bool, error) {
 	raw, ok := obj[field]
@@ -116,6 +120,11 @@ func metadataField(obj map[string]json.RawMessage, field string) (map[string]str
 	}
 	return checkMetadata(field, m)
 }
+
+// maxServerSecurityGroups bounds a create's security_groups. Nova sets no
+// count; each name is resolved for every port, and five times the default
+// security_groups quota (10) leaves room for a project that raised it.
+const maxServerSecurityGroups = 50
 
 // checkMetadata is Nova's metadata schema: keys 1–255, string values ≤ 255.
 func checkMetadata(field string, m map[string]any) (map[string]string, error) {
@@ -312,6 +321,9 @@ func parseCreate(r *http.Request, v Version) (*createReq, error) {
 		if err := json.Unmarshal(raw, &sgs); err != nil {
 			return nil, badField("security_groups", raw, fmt.Sprintf("%s is not of type 'array'", raw))
 		}
+		if len(sgs) > maxServerSecurityGroups {
+			return nil, listTooLong("security_groups", len(sgs), maxServerSecurityGroups)
+		}
 		for _, g := range sgs {
 			if err := api.UnknownFields(g, "name"); err != nil {
 				return nil, err
@@ -369,6 +381,10 @@ func parseCreate(r *http.Request, v Version) (*createReq, error) {
 	if minC > maxC {
 		return nil, api.BadRequest("min_count must be <= max_count")
 	}
+	if minC > maxCreateCount {
+		return nil, api.BadRequest("min_count may be at most %d: no more servers are created in one request.", maxCreateCount)
+	}
+	maxC = min(maxC, maxCreateCount)
 	req.MinCount, req.MaxCount = minC, maxC
 	if req.Hostname != "" && maxC > 1 {
 		return nil, api.BadRequest("Cannot specify 'hostname' when 'max_count' is greater than 1.")
@@ -415,6 +431,11 @@ func parseNetworks(raw json.RawMessage, req *createReq, v Version) error {
 	if len(list) == 0 {
 		req.NetMode = "auto"
 		return nil
+	}
+	if len(list) > maxServerNICs {
+		// Each is a port made in the create's transaction, for every
+		// server of the request.
+		return api.Forbidden("Maximum number of ports exceeded: at most %d networks per server.", maxServerNICs)
 	}
 	for _, item := range list {
 		if err := api.UnknownFields(item, "uuid", "port", "fixed_ip", "tag"); err != nil {
@@ -485,8 +506,8 @@ func parseBDM(obj map[string]json.RawMessage, req *createReq) error {
 
 // checkTags is Nova's tag schema: ≤ 50 tags of 1–60 characters without ',' or '/'.
 func checkTags(tags []string) error {
-	if len(tags) > 50 {
-		return api.BadRequest("The number of tags exceeded the per-server limit 50")
+	if len(tags) > maxServerTags {
+		return api.BadRequest("The number of tags exceeded the per-server limit %d", maxServerTags)
 	}
 	for _, t := range tags {
 		if t == "" || len([]rune(t)) > 60 || strings.ContainsAny(t, ",/") {
@@ -537,14 +558,8 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if img.Status != "active" {
 		return nil, api.BadRequest("Image %s is not active.", img.ID)
 	}
-	if img.MinRAM > flavor.RAM {
-		return nil, api.BadRequest("Flavor's memory is too small for requested image.")
-	}
-	if flavor.Disk > 0 && int64(img.MinDisk) > int64(flavor.Disk) {
-		return nil, api.BadRequest("Flavor's disk is too small for requested image.")
-	}
-	if flavor.Disk > 0 && img.Size > int64(flavor.Disk)<<30 {
-		return nil, api.BadRequest("Flavor's disk is too small for requested image. Flavor disk is %d bytes, image is %d bytes.", int64(flavor.Disk)<<30, img.Size)
+	if err := imageFits(img, flavor.RAM, flavor.Disk); err != nil {
+		return nil, err
 	}
 	var kp *Keypair
 	if req.KeyName != "" {
@@ -650,6 +665,11 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	}
 	schedReq := flavorRequest(snap)
 	schedReq.Zone, schedReq.OnlyHosts, schedReq.AvoidHosts = base.Zone, base.OnlyHosts, base.AvoidHosts
+	// The scheduler reserves no more than the quota allows, read here and
+	// checked again in the transaction.
+	if req.MaxCount, err = s.quotaRoom(ctx, c.ProjectID, flavor, req.MinCount, req.MaxCount); err != nil {
+		return nil, err
+	}
 	var created []*server
 	for attempt := 0; ; attempt++ {
 		st, err := s.schedState(ctx)
@@ -680,8 +700,8 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 			if err != nil {
 				return err
 			}
-			if quota.MetadataItems >= 0 && len(req.Metadata) > quota.MetadataItems {
-				return metadataOverLimit(quota.MetadataItems)
+			if err := checkMetadataCount(quota.MetadataItems, len(req.Metadata)); err != nil {
+				return err
 			}
 			insts, cores, ram, err := s.projectUsage(ctx, tx, c.ProjectID)
 			if err != nil {
@@ -716,7 +736,7 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 					Doc: serverDoc{Flavor: snap, Metadata: req.Metadata, Description: req.Description,
 						AccessIPv4: req.AccessIPv4, AccessIPv6: canonicalIP(req.AccessIPv6), ConfigDrive: req.ConfigDrive,
 						DiskConfig: req.DiskConfig, UserData: req.UserData, SecurityGroups: sgs, AdminPass: req.AdminPass,
-						PinnedAZ: pinned, RequestedHost: req.Host, OSType: img.Properties["os_type"], RequestID: api.RequestID(ctx),
+						PinnedAZ: pinned, RequestedHost: req.Host, OSType: osTypeOf(img), RequestID: api.RequestID(ctx),
 						InstanceName: "instance-" + strings.ReplaceAll(id, "-", "")[:8], TaskID: newUUID(),
 						Group: req.Hints.Group, SameHost: req.Hints.SameHost, DifferentHost: req.Hints.DifferentHost},
 				}
@@ -756,7 +776,7 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 				for j, n := range nets {
 					portID := n.portID
 					if portID != "" {
-						if err := s.networks.BindPort(ctx, tx, portID, id); err != nil {
+						if err := s.networks.BindPort(ctx, tx, c.ProjectID, portID, id); err != nil {
 							return err
 						}
 					} else {
@@ -805,29 +825,67 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	return api.JSON(http.StatusAccepted, map[string]any{"server": body}).WithHeader("Location", lk[0]["href"]), nil
 }
 
+// quotaRoom is how many servers of flavor the project's quota lets a
+// create hold, from least to most.
+func (s *Service) quotaRoom(ctx context.Context, project string, f *Flavor, least, most int) (int, error) {
+	quota, err := s.quotaFor(ctx, s.db, project)
+	if err != nil {
+		return 0, err
+	}
+	insts, cores, ram, err := s.projectUsage(ctx, s.db, project)
+	if err != nil {
+		return 0, err
+	}
+	return fitQuota(quota, insts, cores, ram, f, least, most)
+}
+
+// maxCreateCount bounds one create request: a client's max_count is cut to
+// it before any work, so that no request holds a transaction or the
+// scheduler for a number the client chose.
+const maxCreateCount = 200
+
 // fitQuota returns how many servers of flavor fit the project's quota, up to
-// max; fewer than min is nova's 403 TooManyInstances
-// (nova/compute/api.py _check_num_instances_quota).
-func fitQuota(q Quota, insts, cores, ram int, f *Flavor, min, max int) (int, error) {
-	fits := func(n int) (string, int, int, int) {
-		if q.Instances >= 0 && insts+n > q.Instances {
-			return "instances", n, insts, q.Instances
+// most, or Nova's 403 when fewer than least fit. It is closed form and
+// cannot overflow: each resource allows (limit - used) / per-server more.
+func fitQuota(q Quota, insts, cores, ram int, f *Flavor, least, most int) (int, error) {
+	fit := most
+	for _, r := range createLimits(q, insts, cores, ram, f) {
+		if r.limit < 0 || r.per <= 0 {
+			continue // unlimited, or this flavor uses none of it
 		}
-		if q.Cores >= 0 && cores+n*f.VCPUs > q.Cores {
-			return "cores", n * f.VCPUs, cores, q.Cores
+		room := 0
+		if r.limit > r.used {
+			room = (r.limit - r.used) / r.per
 		}
-		if q.RAM >= 0 && ram+n*f.RAM > q.RAM {
-			return "ram", n * f.RAM, ram, q.RAM
+		if room < least {
+			return 0, api.Forbidden("Quota exceeded for %s: Requested %d, but already used %d of %d %s",
+				r.name, satMul(least, r.per), r.used, r.limit, r.name)
 		}
-		return "", 0, 0, 0
+		fit = min(fit, room)
 	}
-	for n := max; n >= min; n-- {
-		if what, _, _, _ := fits(n); what == "" {
-			return n, nil
-		}
+	return fit, nil
+}
+
+// createLimit is one limit a create counts against.
+type createLimit struct {
+	name             string
+	limit, used, per int
+}
+
+func createLimits(q Quota, insts, cores, ram int, f *Flavor) []createLimit {
+	return []createLimit{
+		{"instances", q.Instances, insts, 1},
+		{"cores", q.Cores, cores, f.VCPUs},
+		{"ram", q.RAM, ram, f.RAM},
 	}
-	what, req, used, limit := fits(min)
-	return 0, api.Forbidden("Quota exceeded for %s: Requested %d, but already used %d of %d %s", what, req, used, limit, what)
+}
+
+// satMul is a*b for non-negative a and b, saturating at math.MaxInt.
+func satMul(a, b int) int {
+	if a != 0 && b > math.MaxInt/a {
+		return math.MaxInt
+	}
+	return a * b
 }
 
 var _ = errors.New

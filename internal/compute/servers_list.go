@@ -16,6 +16,13 @@ import (
 // maxLimit is Nova's [api]max_limit.
 const maxLimit = 1000
 
+// maxServerTags is Nova's per-server tag limit; maxSortKeys bounds a list's
+// sort keys (a server list has fewer columns to sort on).
+const (
+	maxServerTags = 50
+	maxSortKeys   = 10
+)
+
 func parseLimit(s string) (int, error) {
 	if s == "" {
 		return maxLimit, nil
@@ -236,13 +243,21 @@ func (s *Service) handleList(detail bool) api.HandlerFunc {
 			add("locked = ?", b2i(b))
 		}
 		if v.AtLeast(26) {
+			var tagErr error
 			tagConds := func(param string, join string, negate bool) {
 				val, ok := get(param)
 				if !ok || val == "" {
 					return
 				}
+				tags := strings.Split(val, ",")
+				if len(tags) > maxServerTags {
+					// A server holds at most that many: a longer filter
+					// only makes a longer query.
+					tagErr = api.BadRequest("Invalid input for query parameters %s: at most %d tags.", param, maxServerTags)
+					return
+				}
 				var cs []string
-				for _, t := range strings.Split(val, ",") {
+				for _, t := range tags {
 					cs = append(cs, `tags LIKE ? ESCAPE '\'`)
 					args = append(args, "%,"+likeEscape(t)+",%")
 				}
@@ -256,9 +271,15 @@ func (s *Service) handleList(detail bool) api.HandlerFunc {
 			tagConds("tags-any", " OR ", false)
 			tagConds("not-tags", " AND ", true)
 			tagConds("not-tags-any", " OR ", true)
+			if tagErr != nil {
+				return nil, tagErr
+			}
 		}
 		// Sorting.
 		keys, dirs := q["sort_key"], q["sort_dir"]
+		if len(keys) > maxSortKeys || len(dirs) > maxSortKeys {
+			return nil, api.BadRequest("Invalid input for query parameters sort_key: at most %d sort keys.", maxSortKeys)
+		}
 		for _, d := range dirs {
 			if d != "asc" && d != "desc" {
 				return nil, api.BadRequest("Invalid input for query parameters sort_dir. Value: %s. '%s' is not one of ['asc', 'desc']", d, d)

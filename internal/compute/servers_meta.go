@@ -75,8 +75,8 @@ func (s *Service) updateMeta(r *http.Request, rule string, f func(m map[string]s
 		if err != nil {
 			return err
 		}
-		if q.MetadataItems >= 0 && len(sv.Doc.Metadata) > q.MetadataItems {
-			return metadataOverLimit(q.MetadataItems)
+		if err := checkMetadataCount(q.MetadataItems, len(sv.Doc.Metadata)); err != nil {
+			return err
 		}
 		out = sv.Doc.Metadata
 		return s.saveServer(ctx, tx, sv)
@@ -290,4 +290,20 @@ func (s *Service) handleTagDelete(r *http.Request) (*api.Response, error) {
 // (nova/compute/api.py _check_metadata_properties_quota).
 func metadataOverLimit(allowed int) error {
 	return api.Forbidden("Maximum number of metadata items exceeds %d", allowed)
+}
+
+// maxMetadataItems caps a server's metadata even where the metadata_items
+// quota is unlimited (-1) or higher: it rides in every server document.
+const maxMetadataItems = 1024
+
+// checkMetadataCount refuses n metadata items past the quota or the cap.
+func checkMetadataCount(quota, n int) error {
+	limit := quota
+	if limit < 0 || limit > maxMetadataItems {
+		limit = maxMetadataItems
+	}
+	if n > limit {
+		return metadataOverLimit(limit)
+	}
+	return nil
 }

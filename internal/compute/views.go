@@ -73,10 +73,10 @@ type viewCtx struct {
 
 func (s *Service) newViewCtx(r *http.Request, svs []*server) (*viewCtx, error) {
 	vc := &viewCtx{r: r, v: VersionFrom(r.Context()), admin: api.CallerFrom(r.Context()).IsAdmin()}
-	ids := make([]string, 0, len(svs))
+	ids := make([]network.ServerRef, 0, len(svs))
 	for _, sv := range svs {
 		if sv.VMState != vmBuilding {
-			ids = append(ids, sv.ID)
+			ids = append(ids, network.ServerRef{ID: sv.ID, ProjectID: sv.ProjectID})
 		}
 	}
 	vc.addresses = map[string]map[string][]network.Address{}

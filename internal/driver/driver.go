@@ -2,13 +2,15 @@
 // hypervisors that run its servers. The compute service's reconcile loop is
 // the only caller: it reads what a server should be from the store and asks
 // the driver to make it so. Implementations live in subpackages: fake (a
-// simulated fleet, the default) and, later, qemu.
+// simulated fleet, the default) and qemu (real virtual machines).
 package driver
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"slices"
 )
 
 // PowerState is Nova's power_state number.
@@ -78,6 +80,51 @@ type Host struct {
 	Health string `json:"health,omitempty"`
 }
 
+// Bounds on what a host may present: beyond any real machine, and small
+// enough that the scheduler's work per host stays bounded whatever an
+// agent reports.
+const (
+	MaxHostCPUs     = 4096    // logical CPUs
+	MaxHostMemoryMB = 1 << 26 // 64 TiB
+	MaxHostDiskGB   = 1 << 24 // 16 PiB
+	MaxHostNUMA     = 64
+	MaxHostGPUs     = 64
+	maxSiblings     = 16
+	maxZoneLen      = 255
+)
+
+// Validate refuses a host whose description is out of any real machine's
+// range, before anything else reads it.
+func (h *Host) Validate() error {
+	switch {
+	case h.VCPUs < 0 || h.MemoryMB < 0 || h.DiskGB < 0:
+		return errors.New("negative resources")
+	case h.VCPUs > MaxHostCPUs || len(h.CPUs) > MaxHostCPUs || len(h.ReservedCPUs) > MaxHostCPUs:
+		return fmt.Errorf("at most %d CPUs", MaxHostCPUs)
+	case h.MemoryMB > MaxHostMemoryMB:
+		return fmt.Errorf("at most %d MiB of memory", MaxHostMemoryMB)
+	case h.DiskGB > MaxHostDiskGB:
+		return fmt.Errorf("at most %d GiB of disk", MaxHostDiskGB)
+	case len(h.NUMANodes) > MaxHostNUMA:
+		return fmt.Errorf("at most %d NUMA nodes", MaxHostNUMA)
+	case len(h.GPUs) > MaxHostGPUs:
+		return fmt.Errorf("at most %d GPUs", MaxHostGPUs)
+	case len(h.Zone) > maxZoneLen:
+		return fmt.Errorf("availability zone longer than %d bytes", maxZoneLen)
+	}
+	for _, c := range h.CPUs {
+		if len(c.Siblings) > maxSiblings {
+			return fmt.Errorf("cpu %d: at most %d siblings", c.ID, maxSiblings)
+		}
+	}
+	for _, n := range h.NUMANodes {
+		if n.MemoryMB < 0 || n.MemoryMB > MaxHostMemoryMB {
+			return fmt.Errorf("numa node %d: memory out of range", n.ID)
+		}
+	}
+	return nil
+}
+
 // Normalize completes a host described only by counts, as the fake fleet's
 // config may be: with no CPUs it gets a synthetic topology of VCPUs
 // threads (two per core, one NUMA node per 32 threads, none reserved), with
@@ -92,13 +139,17 @@ func (h *Host) Normalize() {
 			core := id / 2
 			h.CPUs = append(h.CPUs, CPU{ID: id, Core: core, Socket: node, NUMA: node})
 		}
+		// Threads of one core, found by one pass rather than a pass per
+		// CPU.
+		type coreKey struct{ socket, core int }
+		cores := map[coreKey][]int{}
+		for _, c := range h.CPUs {
+			k := coreKey{c.Socket, c.Core}
+			cores[k] = append(cores[k], c.ID)
+		}
 		for i := range h.CPUs {
 			c := &h.CPUs[i]
-			for _, o := range h.CPUs {
-				if o.Core == c.Core && o.Socket == c.Socket {
-					c.Siblings = append(c.Siblings, o.ID)
-				}
-			}
+			c.Siblings = slices.Clone(cores[coreKey{c.Socket, c.Core}])
 		}
 	}
 	if len(h.NUMANodes) == 0 {
@@ -180,6 +231,9 @@ type Spec struct {
 	// LaunchIndex and ReservationID go into the instance metadata.
 	LaunchIndex   int    `json:",omitempty"`
 	ReservationID string `json:",omitempty"`
+	// Revert, on Resize, takes the server back to the flavor it had
+	// before its last resize, with the disk the driver kept then.
+	Revert bool `json:",omitempty"`
 }
 
 // ImageRef names an image and what a driver needs to use its data.
@@ -306,8 +360,13 @@ type Driver interface {
 	Suspend(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
 	// Resize changes a stopped or running server's CPU, RAM and disk; it may
-	// reboot the server.
+	// reboot the server. It keeps the disk the server had (Nova's
+	// <instance>_resize) until ConfirmResize, so that a Resize with
+	// spec.Revert brings that disk back.
 	Resize(ctx context.Context, spec Spec) error
+	// ConfirmResize drops the disk the last resize kept; a server without
+	// one is not an error.
+	ConfirmResize(ctx context.Context, id string) error
 	// Snapshot copies a server's boot disk into image imageID (a snapshot
 	// the image service is saving) and returns the bytes stored. A driver
 	// that stores data uploads it through its ImageStore.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -257,8 +258,8 @@ func (s *Service) register(ctx context.Context, agent string, hosts []driver.Hos
 			return nil, badRequest("host %q listed twice", h.Name)
 		}
 		seen[h.Name] = true
-		if h.VCPUs < 0 || h.MemoryMB < 0 || h.DiskGB < 0 {
-			return nil, badRequest("host %q: negative resources", h.Name)
+		if err := h.Validate(); err != nil {
+			return nil, badRequest("host %q: %v", h.Name, err)
 		}
 		if len(h.Health) > 1024 || !utf8.ValidString(h.Health) || strings.ContainsRune(h.Health, 0) {
 			return nil, badRequest("host %q: bad health text", h.Name)
@@ -288,9 +289,12 @@ func (s *Service) register(ctx context.Context, agent string, hosts []driver.Hos
 			default:
 				if cur.AgentID != agent {
 					s.log.Warn("fleet: host taken over by another agent", "host", h.Name, "from", cur.AgentID, "to", agent)
+					err = forgetClock(ctx, tx, h.Name)
 				}
-				_, err = tx.Exec(ctx, `UPDATE fleet_hosts SET agent_id = ?, inventory = ?, up = ?, health = ?, seen_at = ?
+				if err == nil {
+					_, err = tx.Exec(ctx, `UPDATE fleet_hosts SET agent_id = ?, inventory = ?, up = ?, health = ?, seen_at = ?
  WHERE name = ?`, agent, string(inv), b2i(h.Up), h.Health, ts, h.Name)
+				}
 			}
 			if err != nil {
 				return err
@@ -315,6 +319,19 @@ func (s *Service) register(ctx context.Context, agent string, hosts []driver.Hos
 	}
 	s.agentHostsCache.Delete(agent)
 	return resp, nil
+}
+
+// forgetClock drops the agent clock readings a host and its VMs were
+// last reported at: a host's new agent orders its reports by its own
+// clock, which the old one's must not outrank. A VM reported before stays
+// reported (observed 1, before any real clock), so that compute still
+// sees it.
+func forgetClock(ctx context.Context, tx *store.Tx, host string) error {
+	if _, err := tx.Exec(ctx, "UPDATE fleet_hosts SET observed = 0 WHERE name = ?", host); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, "UPDATE fleet_instances SET observed = 1 WHERE host = ? AND observed > 1", host)
+	return err
 }
 
 // agentHostsTTL bounds how long Poll trusts its cached list of an agent's
@@ -383,6 +400,9 @@ func (s *Service) handleHeartbeat(ctx context.Context, agent string, body []byte
 		if in.ID == "" || len(in.ID) > 64 {
 			return 0, nil, badRequest("instances: bad id %q", in.ID)
 		}
+		if !validPower(in.Power) {
+			return 0, nil, badRequest("instance %q: power_state %d is none of Nova's", in.ID, in.Power)
+		}
 	}
 	hosts, err := s.Heartbeat(ctx, agent, hb)
 	if err != nil {
@@ -401,15 +421,16 @@ type powerChange struct {
 // its VMs' power states. Reports are ordered by the agent's clock: one
 // older than what a host or VM already has changes nothing of it. A power
 // state that changed by itself is told to the power listener; a VM the
-// agent no longer has is NoState. It answers the hosts held as the
-// agent's.
+// agent no longer has is NoState. What it says of hosts not its own, or of
+// servers compute placed elsewhere, is refused and logged (see
+// recordInstances). It answers the hosts held as the agent's.
 func (s *Service) Heartbeat(ctx context.Context, agent string, hb wire.Heartbeat) ([]string, error) {
 	now := s.now()
 	ts := store.FormatTime(now)
-	var changes []powerChange
+	var rep instanceReport
 	var held []string
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		changes, held = changes[:0], held[:0]
+		rep, held = instanceReport{}, held[:0]
 		if _, err := tx.Exec(ctx, "UPDATE fleet_agents SET seen_at = ? WHERE id = ?", ts, agent); err != nil {
 			return err
 		}
@@ -457,95 +478,154 @@ func (s *Service) Heartbeat(ctx context.Context, agent string, hb wire.Heartbeat
 				return err
 			}
 		}
+		for _, r := range hb.Instances {
+			if _, ok := mine[r.Host]; !ok {
+				rep.refuse(r, "the host is not this agent's")
+			}
+		}
 		if len(fresh) == 0 {
 			return nil
 		}
-		// The VMs of the fresh hosts, as stored.
-		type inst struct {
-			host     string
-			power    int
-			observed int64
-			gone     bool
-		}
-		stored := map[string]inst{}
-		names := make([]any, 0, len(fresh))
-		for n := range fresh {
-			names = append(names, n)
-		}
-		rows, err = tx.Query(ctx, "SELECT server_id, host, power, observed, gone FROM fleet_instances WHERE host IN ("+placeholders(len(names))+")", names...)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var id string
-			var in inst
-			var gone int
-			if err := rows.Scan(&id, &in.host, &in.power, &in.observed, &gone); err != nil {
-				rows.Close()
-				return err
-			}
-			in.gone = gone != 0
-			stored[id] = in
-		}
-		rows.Close()
-		reported := map[string]bool{}
-		for _, r := range hb.Instances {
-			if !fresh[r.Host] || reported[r.ID] {
-				continue
-			}
-			reported[r.ID] = true
-			cur, ok := stored[r.ID]
-			if !ok {
-				var gone int
-				err := tx.QueryRow(ctx, "SELECT host, power, observed, gone FROM fleet_instances WHERE server_id = ?", r.ID).
-					Scan(&cur.host, &cur.power, &cur.observed, &gone)
-				if store.IsNoRows(err) {
-					// A VM the fleet did not know of (one that predates the
-					// fleet tables, say): it is where the agent says.
-					if _, err := tx.Exec(ctx, `INSERT INTO fleet_instances (server_id, host, power, observed, gone, updated_at)
- VALUES (?, ?, ?, ?, 0, ?)`, r.ID, r.Host, int(r.Power), hb.Observed, ts); err != nil {
-						return err
-					}
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				cur.gone = gone != 0
-			}
-			if hb.Observed <= cur.observed || (cur.host == r.Host && cur.power == int(r.Power) && !cur.gone) {
-				continue
-			}
-			if _, err := tx.Exec(ctx, "UPDATE fleet_instances SET host = ?, power = ?, observed = ?, gone = 0, updated_at = ? WHERE server_id = ?",
-				r.Host, int(r.Power), hb.Observed, ts, r.ID); err != nil {
-				return err
-			}
-			if cur.observed > 0 && !cur.gone && cur.power != int(r.Power) {
-				changes = append(changes, powerChange{r.ID, r.Power})
-			}
-		}
-		for id, cur := range stored {
-			if reported[id] || cur.gone || cur.observed == 0 || cur.observed >= hb.Observed || cur.power == int(driver.NoState) {
-				continue
-			}
-			// Reported before, missing now: the VM is gone from its host.
-			if _, err := tx.Exec(ctx, "UPDATE fleet_instances SET power = ?, observed = ?, updated_at = ? WHERE server_id = ?",
-				int(driver.NoState), hb.Observed, ts, id); err != nil {
-				return err
-			}
-			changes = append(changes, powerChange{id, driver.NoState})
-		}
-		return nil
+		return s.recordInstances(ctx, tx, hb, fresh, ts, &rep)
 	})
 	if err != nil {
 		return nil, err
 	}
+	s.logRefusals(agent, rep.refused, rep.nRefused)
 	if l := s.powerListener(); l != nil {
-		for _, c := range changes {
+		for _, c := range rep.changes {
 			l(c.id, c.p)
 		}
 	}
 	return held, nil
+}
+
+// instanceReport is what a heartbeat's VMs changed, and what of it was
+// refused.
+type instanceReport struct {
+	changes  []powerChange
+	refused  []refusal // the first maxRefusalLogs
+	nRefused int
+}
+
+func (rep *instanceReport) refuse(r wire.Instance, why string) {
+	rep.nRefused++
+	if len(rep.refused) < maxRefusalLogs {
+		rep.refused = append(rep.refused, refusal{host: r.Host, server: r.ID, why: why})
+	}
+}
+
+// storedInstance is a fleet_instances row as read.
+type storedInstance struct {
+	host     string
+	power    int
+	observed int64
+	gone     bool
+}
+
+// instanceUpdate is a reported VM that changes its stored row (known
+// false: there is none yet).
+type instanceUpdate struct {
+	r     wire.Instance
+	cur   storedInstance
+	known bool
+}
+
+// recordInstances records the VMs a heartbeat reports on the agent's
+// fresh hosts. A VM compute has a server for counts only where compute
+// placed that server; any other only on its own host, or where the fleet
+// knows of no VM by its id (an orphan, which compute then destroys). A VM
+// reported before and missing now is NoState.
+func (s *Service) recordInstances(ctx context.Context, tx *store.Tx, hb wire.Heartbeat, fresh map[string]bool, ts string, rep *instanceReport) error {
+	// The VMs of the fresh hosts, as stored.
+	stored := map[string]storedInstance{}
+	names := make([]any, 0, len(fresh))
+	for n := range fresh {
+		names = append(names, n)
+	}
+	rows, err := tx.Query(ctx, "SELECT server_id, host, power, observed, gone FROM fleet_instances WHERE host IN ("+placeholders(len(names))+")", names...)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id string
+		var in storedInstance
+		var gone int
+		if err := rows.Scan(&id, &in.host, &in.power, &in.observed, &gone); err != nil {
+			rows.Close()
+			return err
+		}
+		in.gone = gone != 0
+		stored[id] = in
+	}
+	rows.Close()
+	reported := map[string]bool{}
+	var updates []instanceUpdate
+	var ids []string
+	for _, r := range hb.Instances {
+		if !fresh[r.Host] || reported[r.ID] {
+			continue
+		}
+		reported[r.ID] = true
+		u := instanceUpdate{r: r}
+		u.cur, u.known = stored[r.ID]
+		if !u.known {
+			var gone int
+			err := tx.QueryRow(ctx, "SELECT host, power, observed, gone FROM fleet_instances WHERE server_id = ?", r.ID).
+				Scan(&u.cur.host, &u.cur.power, &u.cur.observed, &gone)
+			if err != nil && !store.IsNoRows(err) {
+				return err
+			}
+			u.known, u.cur.gone = err == nil, gone != 0
+		}
+		if u.known && (hb.Observed <= u.cur.observed || (u.cur.host == r.Host && u.cur.power == int(r.Power) && !u.cur.gone)) {
+			continue
+		}
+		updates = append(updates, u)
+		ids = append(ids, r.ID)
+	}
+	placed, _, err := s.placedHosts(ctx, tx, ids)
+	if err != nil {
+		return err
+	}
+	for _, u := range updates {
+		r := u.r
+		if host, live := placed[r.ID]; live && host != r.Host {
+			rep.refuse(r, "compute has the server on host "+strconv.Quote(host))
+			continue
+		} else if !live && u.known && u.cur.host != r.Host {
+			rep.refuse(r, "the fleet has the VM on host "+strconv.Quote(u.cur.host))
+			continue
+		}
+		if !u.known {
+			if _, err := tx.Exec(ctx, `INSERT INTO fleet_instances (server_id, host, power, observed, gone, updated_at)
+ VALUES (?, ?, ?, ?, 0, ?) ON CONFLICT (server_id) DO NOTHING`, r.ID, r.Host, int(r.Power), hb.Observed, ts); err != nil {
+				return err
+			}
+			continue
+		}
+		// Only the row as read: a spawn elsewhere since moves the VM.
+		res, err := tx.Exec(ctx, "UPDATE fleet_instances SET host = ?, power = ?, observed = ?, gone = 0, updated_at = ? WHERE server_id = ? AND host = ?",
+			r.Host, int(r.Power), hb.Observed, ts, r.ID, u.cur.host)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 1 && u.cur.observed > 0 && !u.cur.gone && u.cur.power != int(r.Power) {
+			rep.changes = append(rep.changes, powerChange{r.ID, r.Power})
+		}
+	}
+	for id, cur := range stored {
+		if reported[id] || cur.gone || cur.observed == 0 || cur.observed >= hb.Observed || cur.power == int(driver.NoState) {
+			continue
+		}
+		// Reported before, missing now: the VM is gone from its host.
+		if _, err := tx.Exec(ctx, "UPDATE fleet_instances SET power = ?, observed = ?, updated_at = ? WHERE server_id = ?",
+			int(driver.NoState), hb.Observed, ts, id); err != nil {
+			return err
+		}
+		rep.changes = append(rep.changes, powerChange{id, driver.NoState})
+	}
+	return nil
 }
 
 func (s *Service) handlePoll(ctx context.Context, agent string, body []byte) (int, any, error) {
@@ -658,6 +738,9 @@ func (s *Service) handleResults(ctx context.Context, agent string, body []byte) 
 		}
 		if !r.OK && r.Error == nil {
 			return 0, nil, badRequest("results[%d]: a failed op needs an error", i)
+		}
+		if r.Power != nil && !validPower(*r.Power) {
+			return 0, nil, badRequest("results[%d]: power_state %d is none of Nova's", i, *r.Power)
 		}
 	}
 	done, err := s.Record(ctx, agent, req.Results)

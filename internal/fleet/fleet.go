@@ -70,6 +70,7 @@ type Service struct {
 	creds           credCache
 	agentHostsCache sync.Map // agent id → cachedHosts
 	images          atomic.Pointer[Images]
+	placements      atomic.Pointer[Placements]
 	inventories     sync.Map // host name → *parsedInventory
 
 	done      chan struct{}
@@ -351,6 +352,12 @@ func (s *Service) Resume(ctx context.Context, id string) error {
 // when empty).
 func (s *Service) Resize(ctx context.Context, spec driver.Spec) error {
 	_, err := s.call(ctx, wire.KindResize, spec.ServerID, spec.Host, spec)
+	return err
+}
+
+// ConfirmResize drops the disk a server's last resize kept.
+func (s *Service) ConfirmResize(ctx context.Context, id string) error {
+	_, err := s.call(ctx, wire.KindConfirm, id, "", nil)
 	return err
 }
 

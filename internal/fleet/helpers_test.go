@@ -2,12 +2,16 @@ package fleet_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/pem"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +20,7 @@ import (
 	"nimbus/internal/driver"
 	"nimbus/internal/driver/fake"
 	"nimbus/internal/fleet"
+	"nimbus/internal/fleet/wire"
 	"nimbus/internal/store"
 )
 
@@ -145,4 +150,99 @@ func runAgent(t testing.TB, c *controller, drv driver.Driver, dir string) (a *ag
 		t.Fatal("agent not ready")
 	}
 	return a, stop
+}
+
+// placements is compute's record of servers' hosts, as tests set it.
+type placements struct {
+	mu sync.Mutex
+	m  map[string]string // server → host
+}
+
+func (p *placements) set(server, host string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[string]string{}
+	}
+	p.m[server] = host
+}
+
+func (p *placements) ServerHosts(ctx context.Context, q store.Querier, ids []string) (map[string]string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]string{}
+	for _, id := range ids {
+		if h, ok := p.m[id]; ok {
+			out[id] = h
+		}
+	}
+	return out, nil
+}
+
+// logBuffer collects a controller's log lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// agentClient calls the agent API over HTTPS with one agent's credential.
+type agentClient struct {
+	t    testing.TB
+	hc   *http.Client
+	url  string
+	cred string
+}
+
+func newAgentClient(t testing.TB, c *controller, cred string) *agentClient {
+	pool := x509.NewCertPool()
+	pool.AddCert(c.srv.Certificate())
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	return &agentClient{t: t, hc: hc, url: c.srv.URL, cred: cred}
+}
+
+// do sends one call and answers its status and body.
+func (a *agentClient) do(method, path, body string) (int, string) {
+	a.t.Helper()
+	req, err := http.NewRequest(method, a.url+path, strings.NewReader(body))
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if a.cred != "" {
+		req.Header.Set("Authorization", "Bearer "+a.cred)
+	}
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// enrolAgent makes an agent presenting host, heartbeating it up; it
+// answers the agent's id and a client with its credential.
+func enrolAgent(t testing.TB, c *controller, name, host string) (string, *agentClient) {
+	t.Helper()
+	id, cred, err := c.svc.NewAgent(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAgentClient(t, c, cred)
+	if st, body := a.do("PUT", wire.PathHosts, `{"hosts":[{"name":"`+host+`","vcpus":4,"memory_mb":4096,"up":true}]}`); st != 200 ||
+		!strings.Contains(body, `"registered":["`+host+`"]`) {
+		t.Fatalf("register %s: %d %s", host, st, body)
+	}
+	return id, a
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -30,9 +29,10 @@ type Images interface {
 func (s *Service) SetImages(im Images) { s.images.Store(&im) }
 
 // handleImage serves GET (download) and PUT (a snapshot's upload) of
-// wire.PathImages + id. Any agent may read any image: its host may be
-// asked to boot it. Only the host a server is on may store that server's
-// snapshot, and only while the image waits for data.
+// wire.PathImages + id. An agent reads only the images its hosts' pending
+// ops name (404 for any other, as for one that does not exist); only the
+// agent compute asked for a server's snapshot stores it, and only while
+// the image waits for data.
 func (s *Service) handleImage(w http.ResponseWriter, r *http.Request, agent string) {
 	p := s.images.Load()
 	if p == nil {
@@ -48,6 +48,16 @@ func (s *Service) handleImage(w http.ResponseWriter, r *http.Request, agent stri
 	ctx := r.Context()
 	switch r.Method {
 	case http.MethodGet:
+		named, err := s.opNamesImage(ctx, agent, id)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if !named {
+			s.log.Warn("fleet: image read refused: no op of this agent names it", "agent", agent, "image", id)
+			writeError(w, &apiError{http.StatusNotFound, wire.CodeNotFound, "no such image"})
+			return
+		}
 		rc, size, format, err := im.Open(ctx, id)
 		if err != nil {
 			s.failImage(w, r, err)
@@ -67,8 +77,8 @@ func (s *Service) handleImage(w http.ResponseWriter, r *http.Request, agent stri
 			s.failImage(w, r, err)
 			return
 		}
-		if err := s.agentHasServer(ctx, agent, server); err != nil {
-			s.failImage(w, r, err)
+		if err := s.authorizeUpload(ctx, agent, id, server); err != nil {
+			s.fail(w, r, err)
 			return
 		}
 		if err := im.FinishSnapshot(ctx, id, r.URL.Query().Get("disk_format"), r.Body); err != nil {
@@ -80,30 +90,6 @@ func (s *Service) handleImage(w http.ResponseWriter, r *http.Request, agent stri
 		w.Header().Set("Allow", "GET, PUT")
 		writeError(w, &apiError{http.StatusMethodNotAllowed, wire.CodeMethod, r.Method + " is not allowed here; use GET or PUT"})
 	}
-}
-
-// agentHasServer refuses an upload for a server not on one of agent's
-// hosts.
-func (s *Service) agentHasServer(ctx context.Context, agent, server string) error {
-	if server == "" {
-		return &apiError{http.StatusForbidden, wire.CodeForbidden, "the image is not a server snapshot"}
-	}
-	var host string
-	err := s.db.QueryRow(ctx, "SELECT host FROM fleet_instances WHERE server_id = ? AND gone = 0", server).Scan(&host)
-	if store.IsNoRows(err) {
-		return &apiError{http.StatusForbidden, wire.CodeForbidden, "the image's server is on none of this agent's hosts"}
-	}
-	if err != nil {
-		return err
-	}
-	hosts, err := s.hostsOf(ctx, agent)
-	if err != nil {
-		return err
-	}
-	if !slices.Contains(hosts, host) {
-		return &apiError{http.StatusForbidden, wire.CodeForbidden, "the image's server is on none of this agent's hosts"}
-	}
-	return nil
 }
 
 // failImage answers an image service error with its status.

@@ -3,12 +3,10 @@ package fleet_test
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"io"
-	"net/http"
-	"os"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -64,78 +62,108 @@ func (m *memImages) FinishSnapshot(ctx context.Context, id, format string, r io.
 	return nil
 }
 
-// TestImageTransfer checks the agent API's image endpoints: any agent
-// reads an image; only the agent whose host has the server stores its
-// snapshot; no credential, no image.
+// TestImageTransfer checks the agent API's image endpoints: an agent
+// reads only the images its hosts' pending ops name (others are 404 as if
+// they did not exist); only the agent compute asked for a server's
+// snapshot stores it, into the image compute made for it, while compute
+// has the server on that agent's host; no credential, no image.
 func TestImageTransfer(t *testing.T) {
 	storetest.ForEachEngine(t, func(t *testing.T, dbURL string) {
 		ctx := context.Background()
-		c := newController(t, dbURL, fleet.Config{})
-		im := &memImages{data: map[string][]byte{"base": []byte("qcow2 bytes")}, format: map[string]string{"base": "qcow2"},
-			of: map[string]string{"snap": "s1", "base": ""}}
+		logs := &logBuffer{}
+		c := newController(t, dbURL, fleet.Config{Log: slog.New(slog.NewTextHandler(logs, nil))})
+		data := map[string][]byte{}
+		format := map[string]string{}
+		for _, id := range []string{"base", "kernel", "ramdisk", "other"} {
+			data[id], format[id] = []byte(id+" bytes"), "qcow2"
+		}
+		// snap is compute's snapshot of s1; forged is a customer's image
+		// naming s1 as its instance_uuid, which no snapshot op names.
+		im := &memImages{data: data, format: format, of: map[string]string{"snap": "s1", "forged": "s1", "base": ""}}
 		c.svc.SetImages(im)
-		creds := map[string]string{}
-		for _, a := range []struct{ agent, host string }{{"a", "hv-a"}, {"b", "hv-b"}} {
-			id, cred, err := c.svc.NewAgent(ctx, a.agent)
-			if err != nil {
-				t.Fatal(err)
-			}
-			creds[a.agent] = cred
-			if _, err := c.svc.Register(ctx, id, []driver.Host{{Name: a.host, VCPUs: 4, MemoryMB: 4096, Up: true}}); err != nil {
-				t.Fatal(err)
-			}
-			hb := wire.Heartbeat{Observed: time.Now().UnixNano(), Hosts: []wire.HostStatus{{Name: a.host, Up: true}}}
-			if a.agent == "a" {
-				hb.Instances = []wire.Instance{{ID: "s1", Host: "hv-a", Power: driver.Running}}
-			}
-			if _, err := c.svc.Heartbeat(ctx, id, hb); err != nil {
-				t.Fatal(err)
-			}
-		}
-		pem, err := os.ReadFile(c.ca)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(pem)
-		client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-		do := func(method, image, cred, body string) (int, string, http.Header) {
+		pl := &placements{}
+		c.svc.SetPlacements(pl)
+		pl.set("s1", "hv-a")
+		idA, a := enrolAgent(t, c, "a", "hv-a")
+		_, b := enrolAgent(t, c, "b", "hv-b")
+		anon := newAgentClient(t, c, "")
+		agents := map[string]*agentClient{"a": a, "b": b, "": anon}
+
+		// call runs a driver call in the background and answers the op
+		// agent a got for it, and a func that finishes it.
+		call := func(f func() error) (wire.Op, func()) {
 			t.Helper()
-			req, _ := http.NewRequest(method, c.srv.URL+wire.PathImages+image, strings.NewReader(body))
-			if cred != "" {
-				req.Header.Set("Authorization", "Bearer "+cred)
+			done := make(chan error, 1)
+			go func() { done <- f() }()
+			ops, err := c.svc.Poll(ctx, idA, nil, 5*time.Second)
+			if err != nil || len(ops) != 1 {
+				t.Fatalf("poll: %+v %v", ops, err)
 			}
-			resp, err := client.Do(req)
-			if err != nil {
-				t.Fatal(err)
+			return ops[0], func() {
+				t.Helper()
+				if _, err := c.svc.Record(ctx, idA, []wire.Result{{OpID: ops[0].ID, OK: true, Result: json.RawMessage(`{"size_bytes":1}`)}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
 			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			return resp.StatusCode, string(b), resp.Header
 		}
-		cases := []struct {
+		type tc struct {
 			name, method, image, agent, body string
 			want                             int
-		}{
+		}
+		run := func(cases []tc) {
+			t.Helper()
+			for _, tc := range cases {
+				st, body := agents[tc.agent].do(tc.method, wire.PathImages+tc.image, tc.body)
+				if st != tc.want {
+					t.Errorf("%s: status %d (%s), want %d", tc.name, st, body, tc.want)
+				}
+				if st == 200 && body != tc.image+" bytes" {
+					t.Errorf("%s: got %q", tc.name, body)
+				}
+			}
+		}
+
+		_, finish := call(func() error {
+			return c.svc.Spawn(ctx, driver.Spec{ServerID: "s1", Host: "hv-a", ImageID: "base",
+				Image: driver.ImageRef{ID: "base", KernelID: "kernel", RamdiskID: "ramdisk"}})
+		})
+		run([]tc{
 			{"read without credential", "GET", "base", "", "", 401},
-			{"any agent reads", "GET", "base", "b", "", 200},
+			{"the spawning host reads its image", "GET", "base", "a", "", 200},
+			{"and its kernel", "GET", "kernel", "a", "", 200},
+			{"and its ramdisk", "GET", "ramdisk", "a", "", 200},
+			{"an image no op names", "GET", "other", "a", "", 404},
+			{"another agent reads the image", "GET", "base", "b", "", 404},
 			{"unknown image", "GET", "nope", "a", "", 404},
+			{"bad method", "DELETE", "base", "a", "", 405},
+		})
+		finish()
+		run([]tc{{"the image once the spawn is done", "GET", "base", "a", "", 404}})
+
+		_, finish = call(func() error { _, err := c.svc.Snapshot(ctx, "s1", "snap"); return err })
+		run([]tc{
 			{"not a snapshot", "PUT", "base?disk_format=qcow2", "a", "x", 403},
 			{"another agent's server", "PUT", "snap?disk_format=qcow2", "b", "stolen", 403},
-			{"the server's agent", "PUT", "snap?disk_format=qcow2", "a", "snapshot bytes", 204},
-			{"bad method", "DELETE", "base", "a", "", 405},
-		}
-		for _, tc := range cases {
-			st, body, hdr := do(tc.method, tc.image, creds[tc.agent], tc.body)
-			if st != tc.want {
-				t.Errorf("%s: status %d (%s), want %d", tc.name, st, body, tc.want)
-			}
-			if tc.want == 200 && (body != "qcow2 bytes" || hdr.Get(wire.HeaderDiskFormat) != "qcow2") {
-				t.Errorf("%s: got %q, format %q", tc.name, body, hdr.Get(wire.HeaderDiskFormat))
-			}
-		}
+			{"an image the pending snapshot is not", "PUT", "forged?disk_format=qcow2", "a", "forged", 403},
+		})
+		pl.set("s1", "hv-b") // compute has moved the server
+		run([]tc{{"a server compute has elsewhere", "PUT", "snap?disk_format=qcow2", "a", "moved", 403}})
+		pl.set("s1", "hv-a")
+		run([]tc{{"the server's agent", "PUT", "snap?disk_format=qcow2", "a", "snapshot bytes", 204}})
+		finish()
 		if got := string(im.data["snap"]); got != "snapshot bytes" || im.format["snap"] != "qcow2" {
 			t.Errorf("snapshot stored %q as %q", got, im.format["snap"])
+		}
+		if _, ok := im.data["forged"]; ok {
+			t.Error("the forged image got data")
+		}
+		for _, want := range []string{"image read refused", "snapshot upload refused"} {
+			if !strings.Contains(logs.String(), want) {
+				t.Errorf("no %q logged", want)
+			}
 		}
 	})
 }

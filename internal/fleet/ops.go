@@ -185,9 +185,12 @@ func (s *Service) insert(ctx context.Context, id, key, host, serverID, kind stri
 	err := s.writes.do(ctx, func(ctx context.Context, tx *store.Tx) error {
 		if kind == wire.KindSpawn || kind == wire.KindResize {
 			// Recorded before the op runs, so that a later destroy finds
-			// the host even after a failed spawn.
+			// the host even after a failed spawn. On another host the VM
+			// is reported by another agent, whose clock orders its reports
+			// afresh: the old one's must not outrank it.
 			if _, err := tx.Exec(ctx, `INSERT INTO fleet_instances (server_id, host, power, observed, gone, updated_at)
- VALUES (?, ?, 0, 0, 0, ?) ON CONFLICT (server_id) DO UPDATE SET host = excluded.host, gone = 0, updated_at = excluded.updated_at`,
+ VALUES (?, ?, 0, 0, 0, ?) ON CONFLICT (server_id) DO UPDATE SET host = excluded.host, gone = 0, updated_at = excluded.updated_at,
+ observed = CASE WHEN fleet_instances.host = excluded.host THEN fleet_instances.observed ELSE 0 END`,
 				serverID, host, ts); err != nil {
 				return err
 			}

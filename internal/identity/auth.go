@@ -108,24 +108,22 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 			return nil, api.BadRequest("Expecting to find password in identity.")
 		}
 		pu := id.Password.User
-		var err error
-		switch {
-		case pu.ID != "":
-			user, err = GetUser(ctx, s.db, pu.ID)
-		case pu.Name != "":
-			var d *Domain
-			d, err = s.resolveDomain(r, pu.Domain)
-			if err == nil {
-				user, err = getUserByName(ctx, s.db, d.ID, pu.Name)
-			}
-		default:
+		if pu.ID == "" && pu.Name == "" {
 			return nil, api.BadRequest("Expecting to find id or name in user.")
 		}
-		if err != nil && !errors.Is(err, store.ErrNotFound) && !isAPIError(err) {
-			return nil, err
+		find := func() (*User, error) {
+			if pu.ID != "" {
+				return GetUser(ctx, s.db, pu.ID)
+			}
+			d, err := s.resolveDomain(r, pu.Domain)
+			if err != nil {
+				return nil, err
+			}
+			return getUserByName(ctx, s.db, d.ID, pu.Name)
 		}
-		if err != nil || user == nil || !user.Enabled || !CheckPassword(user.PasswordHash, pu.Password) {
-			return nil, api.Unauthorized()
+		var err error
+		if user, err = s.passwordLogin(ctx, api.ClientAddress(r), find, pu.Password); err != nil {
+			return nil, err
 		}
 	case slices.Contains(id.Methods, "token"):
 		if id.Token == nil || id.Token.ID == "" {
@@ -191,6 +189,9 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 		if !slices.Contains(methods, m) {
 			methods = append(methods, m)
 		}
+	}
+	if err := s.allowIssue(user.ID); err != nil {
+		return nil, err
 	}
 	t, err := s.issue(ctx, user.ID, projectID, methods, auditID, expires)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"nimbus/internal/cloud"
+	"nimbus/internal/identity"
 	"nimbus/internal/testenv"
 )
 
@@ -63,23 +64,37 @@ func BenchmarkTokenValidateHTTPS(b *testing.B) {
 }
 
 // BenchmarkTokenIssue measures POST /v3/auth/tokens with a password and a
-// project scope over HTTPS; the argon2id check dominates.
+// project scope over HTTPS; the argon2id check dominates. "capped" keeps at
+// most 10 live tokens per user, so that past the first ten every issue also
+// revokes the oldest.
 func BenchmarkTokenIssue(b *testing.B) {
 	for _, eng := range testenv.Engines(b) {
-		c := testenv.StartCloud(b, eng.URL)
-		client := testenv.HTTPClient(b, c)
-		body := `{"auth":{"identity":{"methods":["password"],"password":{"user":{"name":"demo","domain":{"id":"default"},"password":"` +
-			c.Secrets.DemoPassword + `"}}},"scope":{"project":{"name":"demo","domain":{"id":"default"}}}}}`
-		b.Run(eng.Name, func(b *testing.B) {
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					req, _ := http.NewRequest("POST", c.IdentityURL+"/auth/tokens", strings.NewReader(body))
-					req.Header.Set("Content-Type", "application/json")
-					benchRequest(b, client, req, http.StatusCreated)
-				}
-			})
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "issues/s")
-		})
+		for _, mode := range []struct {
+			name   string
+			limits identity.Limits
+		}{
+			{"uncapped", identity.Limits{}},
+			{"capped", identity.Limits{MaxTokensPerUser: 10}},
+		} {
+			benchTokenIssue(b, eng.Name+"/"+mode.name, eng.URL, mode.limits)
+		}
 	}
+}
+
+func benchTokenIssue(b *testing.B, name, dbURL string, limits identity.Limits) {
+	c := testenv.StartCloud(b, dbURL, withLimits(limits))
+	client := testenv.HTTPClient(b, c)
+	body := `{"auth":{"identity":{"methods":["password"],"password":{"user":{"name":"demo","domain":{"id":"default"},"password":"` +
+		c.Secrets.DemoPassword + `"}}},"scope":{"project":{"name":"demo","domain":{"id":"default"}}}}}`
+	b.Run(name, func(b *testing.B) {
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				req, _ := http.NewRequest("POST", c.IdentityURL+"/auth/tokens", strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				benchRequest(b, client, req, http.StatusCreated)
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "issues/s")
+	})
 }

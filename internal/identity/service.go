@@ -10,6 +10,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"nimbus/internal/api"
@@ -31,15 +33,26 @@ type Service struct {
 	catalog  []CatalogService
 	cache    tokenCache
 	now      func() time.Time
+
+	limits    Limits
+	hashSlots chan struct{} // one per password hash allowed at once
+	hashing   atomic.Int64  // hashes running now
+	hashPeak  atomic.Int64  // the most that ran at once
+	limitMu   sync.Mutex    // guards failures and buckets
+	failures  *lru[*failureLog]
+	buckets   *lru[*bucket]
 }
 
-// New makes the identity service on db.
+// New makes the identity service on db, limiting only password hashes (see
+// SetLimits).
 func New(db *store.DB) *Service {
-	return &Service{
+	s := &Service{
 		db: db, TokenTTL: time.Hour, Region: "RegionOne",
 		cache: tokenCache{m: map[string]cached{}},
 		now:   func() time.Time { return time.Now().UTC() },
 	}
+	s.SetLimits(Limits{})
+	return s
 }
 
 // SetCatalog sets the services the catalog lists.
@@ -171,13 +184,18 @@ func (s *Service) ProjectExists(ctx context.Context, id string) (bool, error) {
 // Issue authenticates a user by name and password in the default domain and
 // returns a project-scoped token; used by the panel and benchmarks.
 func (s *Service) Issue(ctx context.Context, user, password, project string) (string, error) {
-	u, err := getUserByName(ctx, s.db, DefaultDomainID, user)
-	if err != nil || !u.Enabled || !CheckPassword(u.PasswordHash, password) {
-		return "", api.Unauthorized()
+	u, err := s.passwordLogin(ctx, "", func() (*User, error) {
+		return getUserByName(ctx, s.db, DefaultDomainID, user)
+	}, password)
+	if err != nil {
+		return "", err
 	}
 	p, err := getProjectByName(ctx, s.db, DefaultDomainID, project)
 	if err != nil {
 		return "", api.Unauthorized()
+	}
+	if err := s.allowIssue(u.ID); err != nil {
+		return "", err
 	}
 	t, err := s.issue(ctx, u.ID, p.ID, []string{"password"}, "", time.Time{})
 	if err != nil {

@@ -115,9 +115,48 @@ func (s *Service) issue(ctx context.Context, userID, projectID string, methods [
 		_, err := tx.Exec(ctx, `INSERT INTO tokens (id_hash, user_id, project_id, methods, audit_id, issued_at, expires_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?)`, t.Hash, t.UserID, t.ProjectID, strings.Join(methods, ","), t.AuditID,
 			store.FormatTime(t.IssuedAt), store.FormatTime(t.ExpiresAt))
-		return err
+		if err != nil {
+			return err
+		}
+		return s.capTokens(ctx, tx, userID, now)
 	})
 	return t, err
+}
+
+// capTokens revokes the user's oldest live tokens beyond MaxTokensPerUser,
+// as a Keystone deployment bounds them, so one customer cannot fill the
+// database with tokens.
+func (s *Service) capTokens(ctx context.Context, tx *store.Tx, userID string, now time.Time) error {
+	limit := s.limits.MaxTokensPerUser
+	if limit <= 0 {
+		return nil
+	}
+	// Normally one is over; a lowered limit trims at most 100 per issue.
+	rows, err := tx.Query(ctx, `SELECT id_hash FROM tokens WHERE user_id = ? AND expires_at > ?
+		ORDER BY issued_at DESC, id_hash DESC LIMIT 100 OFFSET ?`, userID, store.FormatTime(now), limit)
+	if err != nil {
+		return err
+	}
+	var old []any
+	for rows.Next() {
+		var h string
+		if err := rows.Scan(&h); err != nil {
+			rows.Close()
+			return err
+		}
+		old = append(old, h)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(old) == 0 {
+		return err
+	}
+	q := "DELETE FROM tokens WHERE id_hash IN (?" + strings.Repeat(", ?", len(old)-1) + ")"
+	if _, err := tx.Exec(ctx, q, old...); err != nil {
+		return err
+	}
+	// As revoke: a lookup that read a row before the delete must not keep it.
+	tx.AfterCommit(s.cache.invalidate)
+	return nil
 }
 
 // errTokenNotFound is how an unknown, expired or revoked token is reported.

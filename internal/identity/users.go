@@ -160,7 +160,10 @@ func (s *Service) createUser(r *http.Request) (*api.Response, error) {
 	u.Extra = req.Extra
 	// Hash outside the transaction: argon2id takes tens of milliseconds.
 	if req.Password != nil {
-		u.PasswordHash = HashPassword(*req.Password)
+		var err error
+		if u.PasswordHash, err = s.hashPassword(r.Context(), *req.Password); err != nil {
+			return nil, err
+		}
 	}
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
 		if _, err := getDomain(ctx, tx, "id = ?", u.DomainID); errors.Is(err, store.ErrNotFound) {
@@ -196,11 +199,14 @@ func (s *Service) updateUser(r *http.Request) (*api.Response, error) {
 	if err := checkPassword(req.Password); err != nil {
 		return nil, err
 	}
+	ctx := r.Context()
 	hash := ""
 	if req.Password != nil {
-		hash = HashPassword(*req.Password)
+		var err error
+		if hash, err = s.hashPassword(ctx, *req.Password); err != nil {
+			return nil, err
+		}
 	}
-	ctx := r.Context()
 	var u *User
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
 		var err error
@@ -236,6 +242,11 @@ func (s *Service) updateUser(r *http.Request) (*api.Response, error) {
 		}
 		if err := updateUser(ctx, tx, u); err != nil {
 			return err
+		}
+		if req.Enabled != nil && *req.Enabled {
+			if err := resetFailuresTx(ctx, tx, u.ID); err != nil {
+				return err
+			}
 		}
 		if !u.Enabled || req.Password != nil {
 			if _, err := tx.Exec(ctx, "DELETE FROM tokens WHERE user_id = ?", u.ID); err != nil {
@@ -301,16 +312,16 @@ func (s *Service) changePassword(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	ctx := r.Context()
-	u, err := GetUser(ctx, s.db, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, api.Unauthorized()
-	} else if err != nil {
+	u, err := s.passwordLogin(ctx, api.ClientAddress(r), func() (*User, error) {
+		return GetUser(ctx, s.db, id)
+	}, *req.OriginalPassword)
+	if err != nil {
 		return nil, err
 	}
-	if !u.Enabled || !CheckPassword(u.PasswordHash, *req.OriginalPassword) {
-		return nil, api.Unauthorized()
+	hash, err := s.hashPassword(ctx, *req.Password)
+	if err != nil {
+		return nil, err
 	}
-	hash := HashPassword(*req.Password)
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
 		res, err := tx.Exec(ctx, "UPDATE users SET password_hash = ? WHERE id = ? AND password_hash = ?",
 			hash, id, u.PasswordHash)

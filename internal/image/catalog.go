@@ -104,7 +104,43 @@ func (s *Service) Bootstrap(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.meterUnmetered(ctx); err != nil {
+		return err
+	}
 	return s.ensurePlaceholders(ctx)
+}
+
+// meterUnmetered starts charging, from now, the stored images that have
+// no usage period: those stored before images were metered.
+func (s *Service) meterUnmetered(ctx context.Context) error {
+	return s.db.Tx(ctx, func(tx *store.Tx) error {
+		rows, err := tx.Query(ctx, "SELECT "+imageCols+` FROM images WHERE checksum <> '' AND owner <> '' AND visibility <> ?
+ AND NOT EXISTS (SELECT 1 FROM metering_periods m WHERE m.resource_id = images.id AND m.ended_at = '')`, Public)
+		if err != nil {
+			return err
+		}
+		var imgs []*Image
+		for rows.Next() {
+			img, err := scanImage(rows)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			imgs = append(imgs, img)
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, img := range imgs {
+			if err := meter(ctx, tx, img); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func catalogRecord(ci CatalogImage, owner string, now time.Time) *Image {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -57,6 +58,9 @@ func (s *Service) beginUpload(ctx context.Context, img *Image) error {
 		if len(missing) > 0 {
 			return api.BadRequest("Properties %s must be set prior to saving data.", strings.Join(missing, ", "))
 		}
+		if err := checkUpload(ctx, tx, cur); err != nil {
+			return err
+		}
 		cur.Status = StatusSaving
 		cur.UpdatedAt = time.Now().UTC().Truncate(time.Second)
 		*img = *cur
@@ -102,7 +106,11 @@ func virtualSize(diskFormat string, head []byte, size int64) int64 {
 		return size
 	case "qcow2":
 		if len(head) >= 32 && string(head[:4]) == "QFI\xfb" {
-			return int64(binary.BigEndian.Uint64(head[24:32]))
+			// The header is the uploader's to write: a size past int64
+			// is no real disk, and shown as unknown.
+			if v := binary.BigEndian.Uint64(head[24:32]); v <= math.MaxInt64 {
+				return int64(v)
+			}
 		}
 	}
 	return 0
@@ -110,9 +118,12 @@ func virtualSize(diskFormat string, head []byte, size int64) int64 {
 
 // storeData streams data into a temporary file beside the image store,
 // hashing it on the way, then renames it into place and marks the saving
-// image active. On any failure the temporary file is removed and the image
-// goes back to queued, as Glance's _restore does.
-func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader) (err error) {
+// image active. Data of declared bytes (-1: unknown) that would not fit
+// in the owner's image_size_total is refused before it is read, and data
+// that outgrows it is cut off as soon as it does. On any failure the
+// temporary file is removed and the image goes back to queued, as
+// Glance's _restore does.
+func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader, declared int64) (err error) {
 	tmpName := ""
 	defer func() {
 		if err == nil {
@@ -127,6 +138,15 @@ func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader) (er
 		_, _ = s.db.Exec(rctx, "UPDATE images SET status = ? WHERE id = ? AND status = ?",
 			StatusQueued, img.ID, StatusSaving)
 	}()
+	rm, err := roomFor(ctx, s.db, img)
+	if err != nil {
+		return err
+	}
+	if declared > 0 {
+		if err := rm.check(img.Owner, declared); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
 		return fmt.Errorf("image store: %w", err)
 	}
@@ -137,7 +157,11 @@ func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader) (er
 	tmpName = f.Name()
 	md, sh, head := md5.New(), sha512.New(), &prefix{}
 	src := &readTracker{r: data}
-	n, err := io.Copy(io.MultiWriter(f, md, sh, head), src)
+	var in io.Reader = src
+	if left := rm.left(); left >= 0 {
+		in = &capReader{r: src, left: left}
+	}
+	n, err := io.Copy(io.MultiWriter(f, md, sh, head), in)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -147,6 +171,9 @@ func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader) (er
 	if err != nil {
 		if src.err != nil {
 			return &readError{src.err}
+		}
+		if errors.Is(err, errQuota) {
+			return rm.check(img.Owner, n)
 		}
 		return fmt.Errorf("image store: %w", err)
 	}
@@ -162,16 +189,19 @@ func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader) (er
 		if cur.Status != StatusSaving {
 			return api.Conflict("Image status transition from %s to active is not allowed", cur.Status)
 		}
+		if err := checkSize(ctx, tx, cur, n); err != nil {
+			return err
+		}
 		cur.Size, cur.Checksum = n, hex.EncodeToString(md.Sum(nil))
 		cur.OSHashAlgo, cur.OSHashValue = hashAlgo, hex.EncodeToString(sh.Sum(nil))
 		cur.VirtualSize = virtualSize(cur.DiskFormat, head.b, n)
+		if cur.Licence, err = dataLicence(ctx, tx, cur); err != nil {
+			return err
+		}
 		cur.Status = StatusActive
 		cur.UpdatedAt = time.Now().UTC().Truncate(time.Second)
 		*img = *cur
-		if err := updateImage(ctx, tx, cur); err != nil {
-			return err
-		}
-		return meterBackup(ctx, tx, cur)
+		return updateImage(ctx, tx, cur)
 	})
 	if err != nil {
 		// The record is gone or changed under us: drop the data we placed.
@@ -202,7 +232,7 @@ func (s *Service) uploadData(r *http.Request) (*api.Response, error) {
 	if err := s.beginUpload(r.Context(), img); err != nil {
 		return nil, err
 	}
-	if err := s.storeData(r.Context(), img, r.Body); err != nil {
+	if err := s.storeData(r.Context(), img, r.Body, r.ContentLength); err != nil {
 		var re *readError
 		if errors.As(err, &re) {
 			var mbe *http.MaxBytesError

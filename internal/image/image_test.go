@@ -288,9 +288,10 @@ func testRoundTrip(t *testing.T, e *env) {
 	}
 }
 
-// abortedUpload starts an upload that promises more bytes than it sends and
-// hangs up, then waits until the server has given up on it.
-func (e *env) abortedUpload(t *testing.T, id string) {
+// abortedUpload starts an upload that promises more bytes than it sends,
+// runs each of during while the image is saving, and hangs up, then waits
+// until the server has given up on it.
+func (e *env) abortedUpload(t *testing.T, id string, during ...func()) {
 	t.Helper()
 	u, err := url.Parse(e.c.ImageURL)
 	if err != nil {
@@ -313,6 +314,9 @@ func (e *env) abortedUpload(t *testing.T, id string) {
 		t.Fatalf("image %s never reached %s", id, want)
 	}
 	waitStatus("saving")
+	for _, f := range during {
+		f()
+	}
 	conn.Close()
 	waitStatus("queued")
 }
@@ -723,7 +727,7 @@ func testContract(t *testing.T, e *env) {
 	}
 	var snap *image.Image
 	err = e.c.DB.Tx(ctx, func(tx *store.Tx) error {
-		snap, err = e.c.Images.CreateSnapshot(ctx, tx, e.demoProj, "my-snap", map[string]string{"image_type": "snapshot"}, base)
+		snap, err = e.c.Images.CreateSnapshot(ctx, tx, e.demoProj, "my-snap", map[string]string{"image_type": "snapshot"}, base, "")
 		return err
 	})
 	if err != nil {
@@ -765,7 +769,7 @@ func testContract(t *testing.T, e *env) {
 	}
 	// A snapshot without a base still gets formats.
 	err = e.c.DB.Tx(ctx, func(tx *store.Tx) error {
-		snap, err = e.c.Images.CreateSnapshot(ctx, tx, e.demoProj, "bare-snap", nil, nil)
+		snap, err = e.c.Images.CreateSnapshot(ctx, tx, e.demoProj, "bare-snap", nil, nil, "")
 		return err
 	})
 	if err != nil || snap.DiskFormat == "" || snap.ContainerFormat == "" {

@@ -45,12 +45,16 @@ var (
 const (
 	maxTags       = 128 // glance image_tag_quota
 	maxProperties = 128 // glance image_property_quota
-	defaultLimit  = 25  // glance limit_param_default
-	maxLimit      = 1000
+	maxMembers    = 128 // glance image_member_quota
+	// maxPatchOps bounds one PATCH: Glance sets no count, and enough
+	// operations to set every tag and property is plenty.
+	maxPatchOps  = 256
+	defaultLimit = 25 // glance limit_param_default
+	maxLimit     = 1000
 )
 
 func reserved(key string) bool {
-	return slices.Contains(reservedAttrs, key) || strings.HasPrefix(key, "os_glance")
+	return slices.Contains(reservedAttrs, key) || strings.HasPrefix(key, "os_glance") || key == shelvedProperty
 }
 
 // --- discovery (glance/api/versions.py) ---
@@ -234,6 +238,7 @@ func setBase(img *Image, key string, v any) error {
 			return schemaError("%s is not of type 'array'", jsonText(v))
 		}
 		tags := []string{}
+		seen := map[string]bool{}
 		for _, t := range list {
 			s, ok := t.(string)
 			if !ok {
@@ -242,12 +247,13 @@ func setBase(img *Image, key string, v any) error {
 			if len([]rune(s)) > 255 {
 				return schemaError("'%s' is too long", s)
 			}
-			if !slices.Contains(tags, s) {
+			if !seen[s] {
+				seen[s] = true
 				tags = append(tags, s)
 			}
-		}
-		if len(tags) > maxTags {
-			return api.OverLimit("Maximum number of tags exceeded: %d", maxTags)
+			if len(tags) > maxTags {
+				return api.OverLimit("Maximum number of tags exceeded: %d", maxTags)
+			}
 		}
 		img.Tags = tags
 	case "locations":
@@ -351,7 +357,12 @@ func (s *Service) createImage(r *http.Request) (*api.Response, error) {
 	if !canWrite(c) {
 		return nil, api.PolicyForbidden("add_image")
 	}
-	err = s.db.Tx(r.Context(), func(tx *store.Tx) error { return insertImage(r.Context(), tx, img) })
+	err = s.db.Tx(r.Context(), func(tx *store.Tx) error {
+		if err := checkCount(r.Context(), tx, img); err != nil {
+			return err
+		}
+		return insertImage(r.Context(), tx, img)
+	})
 	if errors.Is(err, store.ErrConflict) {
 		return nil, api.Conflict("Image with identifier %s already exists!", img.ID)
 	}
@@ -435,6 +446,9 @@ func parsePatch(r *http.Request) ([]patchOp, error) {
 	list, ok := raw.([]any)
 	if !ok {
 		return nil, api.BadRequest("Request body must be a JSON array of operation objects.")
+	}
+	if len(list) > maxPatchOps {
+		return nil, api.BadRequest("Too many operations in the request: at most %d are allowed.", maxPatchOps)
 	}
 	ops := make([]patchOp, 0, len(list))
 	for _, item := range list {

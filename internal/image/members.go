@@ -156,6 +156,9 @@ func (s *Service) createMember(r *http.Request) (*api.Response, error) {
 		if !owns(c, img) {
 			return api.Forbidden("Not allowed to create members for image %s.", img.ID)
 		}
+		if err := checkMemberCount(r.Context(), tx, img.ID); err != nil {
+			return err
+		}
 		now := time.Now().UTC().Truncate(time.Second)
 		out = &Member{ImageID: img.ID, MemberID: memberID, Status: "pending", CreatedAt: now, UpdatedAt: now}
 		_, err = tx.Exec(r.Context(), `INSERT INTO image_members (image_id, member, status, created_at, updated_at)
@@ -169,6 +172,20 @@ func (s *Service) createMember(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	return api.JSON(http.StatusOK, memberView(out)), nil
+}
+
+// checkMemberCount refuses one more member past image_member_quota, as
+// glance/quota ImageMemberRepoProxy.add does (413 from image_members.create).
+func checkMemberCount(ctx context.Context, q store.Querier, imageID string) error {
+	var n int
+	if err := q.QueryRow(ctx, "SELECT COUNT(*) FROM image_members WHERE image_id = ?", imageID).Scan(&n); err != nil {
+		return err
+	}
+	if n+1 > maxMembers {
+		return api.OverLimit("Image member limit exceeded for image %s: The limit has been exceeded on the number of allowed "+
+			"image members for this image. Attempted: %d, Maximum: %d:", imageID, n+1, maxMembers)
+	}
+	return nil
 }
 
 func (s *Service) updateMember(r *http.Request) (*api.Response, error) {

@@ -38,6 +38,11 @@ type Image struct {
 	OSHidden bool
 	// OSHashAlgo and OSHashValue are Glance's multihash of the data.
 	OSHashAlgo, OSHashValue string
+	// Licence is the OS licence the data carries ("windows" or ""): set by
+	// the image service alone (see licence.go), never shown or taken by
+	// the API, so that re-uploading or re-labelling licensed data does not
+	// drop the licence its servers pay for.
+	Licence string
 }
 
 // HasData reports whether image data has been stored.
@@ -100,6 +105,9 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "GET /v2/schemas/member", Handler: schemaHandler(memberSchema)},
 		{Pattern: "GET /v2/schemas/members", Handler: schemaHandler(membersSchema)},
 		{Pattern: "GET /v2/info/import", Handler: importInfo},
+		{Pattern: "GET /v2/info/usage", Handler: s.usage},
+		{Pattern: "GET /v2/quotas/{project}", Handler: s.showQuota},
+		{Pattern: "PUT /v2/quotas/{project}", Handler: s.updateQuota, AdminOnly: true, Policy: "set_quota"},
 	}
 }
 
@@ -110,8 +118,31 @@ func (s *Service) Get(ctx context.Context, projectID string, admin bool, id stri
 }
 
 // CreateSnapshot registers a queued image owned by projectID for a server
-// snapshot, copying disk/container format and OS properties from base.
-func (s *Service) CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *Image) (*Image, error) {
+// snapshot (createImage, createBackup), copying disk/container format and
+// OS properties from base; licence is the server's (see licence.go). It
+// counts against the project's image_count_total (413 beyond it); reserved
+// properties are refused (403).
+func (s *Service) CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *Image, licence string) (*Image, error) {
+	for k := range props {
+		if reserved(k) {
+			return nil, api.Forbidden("Attribute '%s' is reserved.", k)
+		}
+	}
+	if len(props) > maxProperties {
+		// As setProperty answers through the image API.
+		return nil, api.OverLimit("Maximum number of image properties exceeded: %d", maxProperties)
+	}
+	return s.createSnapshot(ctx, tx, projectID, name, props, base, licence, false)
+}
+
+// CreateShelveImage is CreateSnapshot for the image that keeps a shelved
+// server's disk: it counts and is charged like any image but is never
+// refused for quota (see shelvedProperty).
+func (s *Service) CreateShelveImage(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *Image, licence string) (*Image, error) {
+	return s.createSnapshot(ctx, tx, projectID, name, props, base, licence, true)
+}
+
+func (s *Service) createSnapshot(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *Image, licence string, shelve bool) (*Image, error) {
 	// Kept to the microsecond (shown to the second): a server's backups
 	// made within one second still sort oldest first, for rotation and
 	// for sort_key=created_at.
@@ -119,7 +150,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, n
 	img := &Image{
 		ID: uuid.NewString(), Name: name, Status: StatusQueued, Visibility: Private, Owner: projectID,
 		DiskFormat: "raw", ContainerFormat: "bare", Tags: []string{}, Properties: map[string]string{},
-		CreatedAt: now, UpdatedAt: now,
+		CreatedAt: now, UpdatedAt: now, Licence: licence,
 	}
 	if base != nil {
 		if base.DiskFormat != "" {
@@ -140,6 +171,12 @@ func (s *Service) CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, n
 	}
 	for k, v := range props {
 		img.Properties[k] = v
+	}
+	if shelve {
+		img.Properties[shelvedProperty] = "true"
+	}
+	if err := checkCount(ctx, tx, img); err != nil {
+		return nil, err
 	}
 	if err := insertImage(ctx, tx, img); err != nil {
 		return nil, err
@@ -177,7 +214,7 @@ func (s *Service) FinishSnapshot(ctx context.Context, id, diskFormat string, dat
 	if err := s.beginUpload(ctx, img); err != nil {
 		return err
 	}
-	return s.storeData(ctx, img, data)
+	return s.storeData(ctx, img, data, -1)
 }
 
 // Open reads an active image's data, for a hypervisor host.
@@ -224,21 +261,30 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 	return s.db.Tx(ctx, func(tx *store.Tx) error { return s.deleteRow(ctx, tx, id) })
 }
 
-// meterBackup starts billing a server backup (Nova's createBackup: image
-// property image_type=backup) once its data is stored, per started GB.
-func meterBackup(ctx context.Context, tx *store.Tx, img *Image) error {
-	if img.Properties["image_type"] != "backup" {
-		return nil
+// meter records, in the transaction that writes img, what its stored data
+// costs: per started GB and hour, at backup_gb for a server backup (Nova's
+// createBackup: image_type=backup) and image_gb for any other image,
+// shelved servers' included, from when the data is stored until the image
+// goes. Public images are the operator's catalog and cost customers
+// nothing; an image without data or owner costs nothing.
+func meter(ctx context.Context, q store.Querier, img *Image) error {
+	kind := metering.KindImage
+	if img.Properties["image_type"] == "backup" {
+		kind = metering.KindBackup
 	}
-	gb := (img.Size + 1<<30 - 1) >> 30
-	return metering.Set(ctx, tx, metering.KindBackup, img.ID, img.Owner, &metering.Spec{SizeGB: max(gb, 1)}, time.Now())
+	var spec *metering.Spec
+	if img.HasData() && img.Visibility != Public && img.Owner != "" {
+		gb := (img.Size + 1<<30 - 1) >> 30
+		spec = &metering.Spec{SizeGB: max(gb, 1)}
+	}
+	return metering.Set(ctx, q, kind, img.ID, img.Owner, spec, time.Now())
 }
 
 // deleteRow removes the record (members cascade) and, once committed, the
 // data file.
 func (s *Service) deleteRow(ctx context.Context, tx *store.Tx, id string) error {
-	// A backup stops being billed when it goes (no-op for other images).
-	if err := metering.Set(ctx, tx, metering.KindBackup, id, "", nil, time.Now()); err != nil {
+	// The image's data stops being billed when it goes.
+	if err := metering.Set(ctx, tx, metering.KindImage, id, "", nil, time.Now()); err != nil {
 		return err
 	}
 	if _, err := tx.Exec(ctx, "DELETE FROM image_members WHERE image_id = ?", id); err != nil {
@@ -258,7 +304,7 @@ func (s *Service) deleteRow(ctx context.Context, tx *store.Tx, id string) error 
 // --- storage of records ---
 
 const imageCols = `id, name, status, visibility, owner, protected, os_hidden, disk_format, container_format,
-	size, virtual_size, checksum, os_hash_algo, os_hash_value, min_disk, min_ram, tags, properties, created_at, updated_at`
+	size, virtual_size, checksum, os_hash_algo, os_hash_value, min_disk, min_ram, tags, properties, created_at, updated_at, licence`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -268,7 +314,7 @@ func scanImage(row scanner) (*Image, error) {
 	var tags, props, created, updated string
 	err := row.Scan(&img.ID, &img.Name, &img.Status, &img.Visibility, &img.Owner, &protected, &hidden,
 		&img.DiskFormat, &img.ContainerFormat, &img.Size, &img.VirtualSize, &img.Checksum, &img.OSHashAlgo,
-		&img.OSHashValue, &img.MinDisk, &img.MinRAM, &tags, &props, &created, &updated)
+		&img.OSHashValue, &img.MinDisk, &img.MinRAM, &tags, &props, &created, &updated, &img.Licence)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
@@ -298,31 +344,34 @@ func getImage(ctx context.Context, q store.Querier, id string) (*Image, error) {
 }
 
 func insertImage(ctx context.Context, q store.Querier, img *Image) error {
+	img.Licence = publishedLicence(img)
 	_, err := q.Exec(ctx, "INSERT INTO images ("+imageCols+`) VALUES
-		(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		img.ID, img.Name, img.Status, img.Visibility, img.Owner, b2i(img.Protected), b2i(img.OSHidden),
 		img.DiskFormat, img.ContainerFormat, img.Size, img.VirtualSize, img.Checksum, img.OSHashAlgo,
 		img.OSHashValue, img.MinDisk, img.MinRAM, store.JSON(img.Tags), store.JSON(img.Properties),
-		store.FormatTime(img.CreatedAt), store.FormatTime(img.UpdatedAt))
+		store.FormatTime(img.CreatedAt), store.FormatTime(img.UpdatedAt), img.Licence)
 	return err
 }
 
+// updateImage writes img's record and, with it, what its data costs.
 func updateImage(ctx context.Context, q store.Querier, img *Image) error {
+	img.Licence = publishedLicence(img)
 	res, err := q.Exec(ctx, `UPDATE images SET name = ?, status = ?, visibility = ?, owner = ?, protected = ?,
 		os_hidden = ?, disk_format = ?, container_format = ?, size = ?, virtual_size = ?, checksum = ?,
-		os_hash_algo = ?, os_hash_value = ?, min_disk = ?, min_ram = ?, tags = ?, properties = ?, updated_at = ?
-		WHERE id = ?`,
+		os_hash_algo = ?, os_hash_value = ?, min_disk = ?, min_ram = ?, tags = ?, properties = ?, updated_at = ?,
+		licence = ? WHERE id = ?`,
 		img.Name, img.Status, img.Visibility, img.Owner, b2i(img.Protected), b2i(img.OSHidden),
 		img.DiskFormat, img.ContainerFormat, img.Size, img.VirtualSize, img.Checksum, img.OSHashAlgo,
 		img.OSHashValue, img.MinDisk, img.MinRAM, store.JSON(img.Tags), store.JSON(img.Properties),
-		store.FormatTime(img.UpdatedAt), img.ID)
+		store.FormatTime(img.UpdatedAt), img.Licence, img.ID)
 	if err != nil {
 		return err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.ErrNotFound
 	}
-	return nil
+	return meter(ctx, q, img)
 }
 
 func b2i(b bool) int {

@@ -29,6 +29,7 @@ const (
 	KindPublicIP = "public_ipv4"
 	KindVolume   = "volume"
 	KindBackup   = "backup"
+	KindImage    = "image" // stored image data other than backups
 )
 
 // Spec is what a resource is made of, as far as its price goes.
@@ -42,7 +43,7 @@ type Spec struct {
 	GPUCount   int64  `json:"gpu_count,omitempty"`
 	PublicIPv4 bool   `json:"public_ipv4,omitempty"`
 	OSType     string `json:"os_type,omitempty"`
-	SizeGB     int64  `json:"size_gb,omitempty"` // volumes and backups
+	SizeGB     int64  `json:"size_gb,omitempty"` // volumes, backups and images
 }
 
 // ServerSpec is what a server of a flavor amounts to: its vCPUs, RAM and
@@ -91,18 +92,20 @@ func (p *Period) Open() bool { return p.End.IsZero() }
 
 // Set records, as of at, that resource is described by spec, or is not
 // billable when spec is nil. It changes nothing when the open period
-// already has spec. Call it inside the transaction that changes the
-// resource.
+// already has spec, kind and project; a resource that changes kind or
+// project (an image given to another project) starts a new period. Call it
+// inside the transaction that changes the resource.
 func Set(ctx context.Context, q store.Querier, kind, resource, project string, spec *Spec, at time.Time) error {
-	var id, raw string
-	err := q.QueryRow(ctx, "SELECT id, spec FROM metering_periods WHERE resource_id = ? AND ended_at = ''", resource).Scan(&id, &raw)
+	var id, raw, oldKind, oldProject string
+	err := q.QueryRow(ctx, "SELECT id, spec, kind, project_id FROM metering_periods WHERE resource_id = ? AND ended_at = ''",
+		resource).Scan(&id, &raw, &oldKind, &oldProject)
 	switch {
 	case store.IsNoRows(err):
 		id = ""
 	case err != nil:
 		return err
 	}
-	if id != "" && spec != nil && raw == store.JSON(spec) {
+	if id != "" && spec != nil && raw == store.JSON(spec) && oldKind == kind && oldProject == project {
 		return nil
 	}
 	now := store.FormatTime(at)

@@ -12,6 +12,45 @@ import (
 
 var fipFilters = filterableOf(viewKeys((&fipRow{}).view(nil))...)
 
+// SpendGate is what network asks before a project allocates a public
+// address (a new charge) or attaches one (which undoes billing's
+// suspension): billing answers a 403 *api.Error while the project's account
+// is below its credit limit.
+type SpendGate interface {
+	CanSpend(ctx context.Context, project string) error
+}
+
+// SetSpendGate connects billing's gate.
+func (s *Service) SetSpendGate(g SpendGate) { s.gate = g }
+
+// checkSpend asks the gate, when there is one, whether project may
+// allocate or attach a public address.
+func (s *Service) checkSpend(ctx context.Context, project string) error {
+	if s.gate == nil {
+		return nil
+	}
+	return s.gate.CanSpend(ctx, project)
+}
+
+// DetachFloatingIPs takes every floating IP of project off its port,
+// keeping it allocated to the project (and charged), as billing's
+// suspension of an account that ran dry does; the addresses given with a
+// server's flavor are the server's and stay with it. It answers how many
+// it detached.
+func (s *Service) DetachFloatingIPs(ctx context.Context, project string) (int, error) {
+	var n int64
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		res, err := tx.Exec(ctx, `UPDATE floatingips SET port_id = NULL, fixed_ip_address = NULL, updated_at = ?,
+			revision_number = revision_number + 1 WHERE project_id = ? AND port_id IS NOT NULL AND server_id IS NULL`, now(), project)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return int(n), err
+}
+
 // allocFIP takes an address for f on its external network (address if
 // given, else the first free one of the network's IPv4 subnets).
 func allocFIP(ctx context.Context, q store.Querier, f *fipRow, address string) error {
@@ -108,9 +147,10 @@ func routerFor(ctx context.Context, q store.Querier, extNetID string, p *portRow
 		}
 	}
 	var id string
-	err := q.QueryRow(ctx, `SELECT r.id FROM routers r JOIN ports ip ON ip.device_id = r.id AND ip.device_owner = ?
+	err := q.QueryRow(ctx, `SELECT r.id FROM routers r
+		JOIN ports ip ON ip.bound_by = ? AND ip.bound_device = r.id AND ip.device_owner = ?
 		JOIN ip_allocations a ON a.owner_id = ip.id WHERE r.gw_network_id = ? AND a.subnet_id = ? ORDER BY r.created_at LIMIT 1`,
-		ownerRouterInterface, extNetID, subnet).Scan(&id)
+		bindRouter, ownerRouterInterface, extNetID, subnet).Scan(&id)
 	if store.IsNoRows(err) {
 		return "", nil
 	}
@@ -265,6 +305,9 @@ func (s *Service) createFIP(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkSpend(r.Context(), f.ProjectID); err != nil {
+		return nil, err
+	}
 	var views []map[string]any
 	err = s.db.Tx(r.Context(), func(tx *store.Tx) error {
 		n, err := visibleNet(r.Context(), tx, c, netID)
@@ -320,6 +363,16 @@ func (s *Service) updateFIP(r *http.Request) (*api.Response, error) {
 	fixed, _, err := b.optStr("fixed_ip_address")
 	if err != nil {
 		return nil, err
+	}
+	if portID != nil {
+		// Attaching needs the address's account in funds.
+		f, err := ownedFIP(r.Context(), s.db, c, pathID(r, "id"))
+		if err != nil {
+			return nil, err
+		}
+		if err := s.checkSpend(r.Context(), f.ProjectID); err != nil {
+			return nil, err
+		}
 	}
 	var views []map[string]any
 	err = s.db.Tx(r.Context(), func(tx *store.Tx) error {

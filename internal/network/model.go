@@ -210,17 +210,20 @@ func (s *subnetRow) view() map[string]any {
 // portRow is a row of the ports table with its addresses.
 type portRow struct {
 	ID, NetworkID, Name, ProjectID, Description, MAC, Status, DeviceID, DeviceOwner, VNIC string
-	AdminStateUp, PortSecurity, ServerOwned                                               bool
-	SecurityGroups                                                                        []string
-	Pairs                                                                                 []map[string]string
-	Tags                                                                                  []string
-	CreatedAt, UpdatedAt                                                                  string
-	Revision                                                                              int64
-	FixedIPs                                                                              []FixedIP
+	// BoundBy and BoundDevice are the service's binding (bindCompute or
+	// bindRouter, and the server or router id); no API request writes them.
+	BoundBy, BoundDevice                    string
+	AdminStateUp, PortSecurity, ServerOwned bool
+	SecurityGroups                          []string
+	Pairs                                   []map[string]string
+	Tags                                    []string
+	CreatedAt, UpdatedAt                    string
+	Revision                                int64
+	FixedIPs                                []FixedIP
 }
 
 const portCols = `id, network_id, name, project_id, description, mac_address, status, device_id, device_owner, vnic_type,
-	admin_state_up, port_security_enabled, server_owned, security_groups, allowed_address_pairs, tags,
+	bound_by, bound_device, admin_state_up, port_security_enabled, server_owned, security_groups, allowed_address_pairs, tags,
 	created_at, updated_at, revision_number`
 
 func loadPorts(ctx context.Context, q store.Querier, where string, args ...any) ([]*portRow, error) {
@@ -234,7 +237,7 @@ func loadPorts(ctx context.Context, q store.Querier, where string, args ...any) 
 		var up, ps, so int
 		var sgs, pairs, tags string
 		if err := rows.Scan(&p.ID, &p.NetworkID, &p.Name, &p.ProjectID, &p.Description, &p.MAC, &p.Status, &p.DeviceID,
-			&p.DeviceOwner, &p.VNIC, &up, &ps, &so, &sgs, &pairs, &tags, &p.CreatedAt, &p.UpdatedAt, &p.Revision); err != nil {
+			&p.DeviceOwner, &p.VNIC, &p.BoundBy, &p.BoundDevice, &up, &ps, &so, &sgs, &pairs, &tags, &p.CreatedAt, &p.UpdatedAt, &p.Revision); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -312,7 +315,7 @@ func (p *portRow) view(admin bool) map[string]any {
 	// (neutron-lib policies for the binding extension).
 	if admin {
 		host, vif := "", "unbound"
-		if p.DeviceID != "" && strings.HasPrefix(p.DeviceOwner, "compute:") {
+		if p.BoundBy == bindCompute {
 			host, vif = "nimbus", "ovs"
 		}
 		v["binding:host_id"] = host

@@ -723,7 +723,11 @@ func (e *env) testContract(t *testing.T) {
 	if code != 200 || len(m["ports"].([]any)) != 1 {
 		t.Fatalf("ports by device: %v", m)
 	}
-	addrs, err := nets.Addresses(ctx, append(servers, "no-such-server"))
+	refs := []network.ServerRef{{ID: "no-such-server", ProjectID: e.demoProject}}
+	for _, sid := range servers {
+		refs = append(refs, network.ServerRef{ID: sid, ProjectID: e.demoProject})
+	}
+	addrs, err := nets.Addresses(ctx, refs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -743,11 +747,11 @@ func (e *env) testContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = e.c.DB.Tx(ctx, func(tx *store.Tx) error { return nets.BindPort(ctx, tx, up, servers[2]) })
+	err = e.c.DB.Tx(ctx, func(tx *store.Tx) error { return nets.BindPort(ctx, tx, e.demoProject, up, servers[2]) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = e.c.DB.Tx(ctx, func(tx *store.Tx) error { return nets.BindPort(ctx, tx, up, servers[1]) })
+	err = e.c.DB.Tx(ctx, func(tx *store.Tx) error { return nets.BindPort(ctx, tx, e.demoProject, up, servers[1]) })
 	if !errors.As(err, &ae) || ae.Status != 409 {
 		t.Fatalf("BindPort to second server: %v", err)
 	}
@@ -1027,7 +1031,11 @@ func (e *env) testAddressesMany(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs, err := e.c.Networks.Addresses(ctx, ids)
+	refs := make([]network.ServerRef, len(ids))
+	for i, id := range ids {
+		refs[i] = network.ServerRef{ID: id, ProjectID: e.demoProject}
+	}
+	addrs, err := e.c.Networks.Addresses(ctx, refs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -304,6 +304,24 @@ func insertSubnet(ctx context.Context, q store.Querier, s *subnetRow) error {
 	return err
 }
 
+// Neutron's defaults for max_dns_nameservers and max_subnet_host_routes;
+// neutron sets no count of allocation pools, so ours only bounds the
+// pairwise overlap check in validatePools.
+const (
+	maxDNSNameservers  = 5
+	maxHostRoutes      = 20
+	maxAllocationPools = 50
+)
+
+// subnetLabel names a subnet in neutron's *Exhausted errors: "new subnet"
+// before it is stored, as neutron's _validate_subnet does.
+func subnetLabel(s *subnetRow) string {
+	if s.CreatedAt == "" {
+		return "new subnet"
+	}
+	return s.ID
+}
+
 // subnetAttrs applies the attributes shared by create and update.
 func subnetAttrs(b body, s *subnetRow, p netip.Prefix) error {
 	if v, ok, e := b.str("name", 255); e != nil {
@@ -324,6 +342,10 @@ func subnetAttrs(b body, s *subnetRow, p netip.Prefix) error {
 	if v, ok, e := b.strList("dns_nameservers"); e != nil {
 		return e
 	} else if ok {
+		if len(v) > maxDNSNameservers {
+			return nerr(400, "DNSNameServersExhausted", "Unable to complete operation for %s. The number of DNS nameservers exceeds the limit %d.",
+				subnetLabel(s), maxDNSNameservers)
+		}
 		seen := map[string]bool{}
 		for _, d := range v {
 			if _, err := netip.ParseAddr(d); err != nil {
@@ -340,6 +362,10 @@ func subnetAttrs(b body, s *subnetRow, p netip.Prefix) error {
 		var rs []route
 		if err := json.Unmarshal(raw, &rs); err != nil {
 			return invalid("host_routes", raw, "Invalid data format for hostroute: '%s'")
+		}
+		if len(rs) > maxHostRoutes {
+			return nerr(400, "HostRoutesExhausted", "Unable to complete operation for %s. The number of host routes exceeds the limit %d.",
+				subnetLabel(s), maxHostRoutes)
 		}
 		for _, rt := range rs {
 			if _, err := netip.ParsePrefix(rt.Destination); err != nil {
@@ -384,6 +410,9 @@ func subnetAttrs(b body, s *subnetRow, p netip.Prefix) error {
 		var pools []pool
 		if err := json.Unmarshal(raw, &pools); err != nil {
 			return invalid("allocation_pools", raw, "Invalid data format for IP pool: '%s'")
+		}
+		if len(pools) > maxAllocationPools {
+			return badInput("The number of allocation pools exceeds the limit %d.", maxAllocationPools)
 		}
 		if err := validatePools(p, pools, gw); err != nil {
 			return err
@@ -479,7 +508,10 @@ func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepar
 		if err != nil {
 			return err
 		}
-		if !c.IsAdmin() && !n.Shared && n.ProjectID != sub.ProjectID {
+		// A subnet's gateway and DNS servers reach every port on the
+		// network, so only its owner adds one, shared or not (neutron's
+		// create_subnet: ADMIN_OR_NET_OWNER).
+		if !c.IsAdmin() && n.ProjectID != sub.ProjectID {
 			return nerr(403, "HTTPForbidden", "Tenant %s not allowed to create subnet on this network", sub.ProjectID)
 		}
 		sub.NetworkID = n.ID

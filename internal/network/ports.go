@@ -114,10 +114,11 @@ func insertPort(ctx context.Context, q store.Querier, p *portRow, reqs []ipReque
 		p.VNIC = "normal"
 	}
 	_, err = q.Exec(ctx, `INSERT INTO ports (id, network_id, name, project_id, description, mac_address, admin_state_up,
-		status, device_id, device_owner, port_security_enabled, security_groups, allowed_address_pairs, vnic_type,
-		server_owned, tags, created_at, updated_at, revision_number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)`,
+		status, device_id, device_owner, bound_by, bound_device, port_security_enabled, security_groups, allowed_address_pairs,
+		vnic_type, server_owned, tags, created_at, updated_at, revision_number)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)`,
 		p.ID, p.NetworkID, p.Name, p.ProjectID, p.Description, p.MAC, b2i(p.AdminStateUp), p.Status, p.DeviceID,
-		p.DeviceOwner, b2i(p.PortSecurity), store.JSON(p.SecurityGroups), store.JSON(p.Pairs), p.VNIC,
+		p.DeviceOwner, p.BoundBy, p.BoundDevice, b2i(p.PortSecurity), store.JSON(p.SecurityGroups), store.JSON(p.Pairs), p.VNIC,
 		b2i(p.ServerOwned), store.JSON(p.Tags), t, t)
 	if err != nil {
 		return err
@@ -151,12 +152,25 @@ func deletePortRow(ctx context.Context, q store.Querier, id string) error {
 	return nil
 }
 
+// Who bound a port (portRow.BoundBy).
+const (
+	bindCompute = "compute"
+	bindRouter  = "router"
+)
+
+// portStatus is ACTIVE for a port the service attached to a device.
 func portStatus(p *portRow) string {
-	if p.DeviceID != "" && strings.HasPrefix(p.DeviceOwner, "compute:") {
+	if p.BoundBy != "" {
 		return "ACTIVE"
 	}
 	return "DOWN"
 }
+
+// Neutron's defaults for max_fixed_ips_per_port and max_allowed_address_pair.
+const (
+	maxFixedIPsPerPort = 5
+	maxAddressPairs    = 10
+)
 
 // portAttrs applies the writable port attributes; it returns the fixed_ips
 // request (nil when absent) and the security group list (nil when absent).
@@ -202,6 +216,9 @@ func portAttrs(c *api.Caller, b body, p *portRow) (reqs []ipRequest, sgs []strin
 		if err := json.Unmarshal(raw, &reqs); err != nil {
 			return nil, nil, invalid("fixed_ips", raw, "Invalid data format for fixed IP: '%s'")
 		}
+		if len(reqs) > maxFixedIPsPerPort {
+			return nil, nil, badInput("Exceeded maximum amount of fixed ips per port.")
+		}
 		for _, rq := range reqs {
 			if rq.SubnetID != "" && !isUUID(rq.SubnetID) {
 				return nil, nil, errNotUUID("fixed_ips", rq.SubnetID)
@@ -228,6 +245,9 @@ func portAttrs(c *api.Caller, b body, p *portRow) (reqs []ipRequest, sgs []strin
 		var pairs []map[string]string
 		if err := json.Unmarshal(raw, &pairs); err != nil {
 			return nil, nil, invalid("allowed_address_pairs", raw, "Invalid data format for allowed address pairs: '%s'")
+		}
+		if len(pairs) > maxAddressPairs {
+			return nil, nil, nerr(400, "AllowedAddressPairExhausted", "The number of allowed address pair exceeds the maximum %d.", maxAddressPairs)
 		}
 		for _, pr := range pairs {
 			ip := pr["ip_address"]
@@ -329,6 +349,12 @@ func (s *Service) preparePort(r *http.Request, c *api.Caller, b body) (*prepared
 			return nerr(403, "HTTPForbidden", "Tenant %s not allowed to create port on this network", p.ProjectID)
 		}
 		p.NetworkID = n.ID
+		if err := checkNetOwnerAttrs(c, b, n, "create_port"); err != nil {
+			return err
+		}
+		if err := s.checkDevice(r.Context(), tx, c, "create_port", n, p, nil); err != nil {
+			return err
+		}
 		if err := checkQuota(r.Context(), tx, p.ProjectID, "port"); err != nil {
 			return err
 		}
@@ -373,9 +399,22 @@ func (s *Service) updatePort(r *http.Request) (*api.Response, error) {
 		if p, err = ownedPort(r.Context(), tx, c, pathID(r, "id")); err != nil {
 			return err
 		}
+		old := *p
 		reqs, sgs, err := portAttrs(c, b, p)
 		if err != nil {
 			return err
+		}
+		n, err := getNet(r.Context(), tx, p.NetworkID)
+		if err != nil {
+			return err
+		}
+		if err := checkNetOwnerAttrs(c, b, n, "update_port"); err != nil {
+			return err
+		}
+		if b.has("device_id") || b.has("device_owner") {
+			if err := s.checkDevice(r.Context(), tx, c, "update_port", n, p, &old); err != nil {
+				return err
+			}
 		}
 		if sgs != nil {
 			if p.SecurityGroups, err = projectSGs(r.Context(), tx, p.ProjectID, sgs); err != nil {
@@ -435,7 +474,7 @@ func (s *Service) deletePort(r *http.Request) (*api.Response, error) {
 		if err != nil {
 			return err
 		}
-		if p.DeviceOwner == ownerRouterInterface || p.DeviceOwner == ownerRouterGateway {
+		if p.BoundBy == bindRouter {
 			// neutron_lib/exceptions/l3.py L3PortInUse
 			return nerr(409, "L3PortInUse", "Port %s has owner %s and therefore cannot be deleted directly via the port API.", p.ID, p.DeviceOwner)
 		}

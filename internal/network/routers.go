@@ -16,8 +16,9 @@ const (
 	ownerRouterGateway   = "network:router_gateway"
 )
 
-// routerRow is a router; its interfaces are ports owned by
-// network:router_interface with the router's id as device_id.
+// routerRow is a router; its interfaces are ports the router code bound to
+// it (bound_by 'router', bound_device its id) owned by
+// network:router_interface.
 type routerRow struct {
 	ID, Name, ProjectID, Description string
 	AdminStateUp, EnableSNAT         bool
@@ -190,7 +191,7 @@ func setGateway(ctx context.Context, q store.Querier, c *api.Caller, rt *routerR
 		}
 	}
 	p := &portRow{ID: newID(), NetworkID: n.ID, Status: "ACTIVE", DeviceID: rt.ID, DeviceOwner: ownerRouterGateway,
-		AdminStateUp: true, PortSecurity: false}
+		BoundBy: bindRouter, BoundDevice: rt.ID, AdminStateUp: true, PortSecurity: false}
 	if err := insertPort(ctx, q, p, reqs, ""); err != nil {
 		return err
 	}
@@ -308,8 +309,8 @@ func (s *Service) deleteRouter(r *http.Request) (*api.Response, error) {
 			return err
 		}
 		var n int
-		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM ports WHERE device_id = ? AND device_owner = ?",
-			rt.ID, ownerRouterInterface).Scan(&n); err != nil {
+		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM ports WHERE bound_by = ? AND bound_device = ? AND device_owner = ?",
+			bindRouter, rt.ID, ownerRouterInterface).Scan(&n); err != nil {
 			return err
 		}
 		if n > 0 {
@@ -394,14 +395,15 @@ func addInterface(ctx context.Context, q store.Querier, c *api.Caller, rt *route
 		if err != nil {
 			return nil, err
 		}
-		if p.DeviceID != "" {
+		if p.DeviceID != "" || p.BoundBy != "" {
 			return nil, nerr(409, "PortInUse", "Unable to complete operation on port %s for network %s. Port already has an attached device %s.", p.ID, p.NetworkID, p.DeviceID)
 		}
 		if len(p.FixedIPs) == 0 {
 			return nil, nerr(400, "BadRequest", "Bad router request: Router port must have at least one fixed IP.")
 		}
-		if _, err := q.Exec(ctx, `UPDATE ports SET device_id = ?, device_owner = ?, status = 'ACTIVE', security_groups = '[]',
-			updated_at = ?, revision_number = revision_number + 1 WHERE id = ?`, rt.ID, ownerRouterInterface, now(), p.ID); err != nil {
+		if _, err := q.Exec(ctx, `UPDATE ports SET device_id = ?, device_owner = ?, bound_by = ?, bound_device = ?, status = 'ACTIVE',
+			security_groups = '[]', updated_at = ?, revision_number = revision_number + 1 WHERE id = ?`,
+			rt.ID, ownerRouterInterface, bindRouter, rt.ID, now(), p.ID); err != nil {
 			return nil, err
 		}
 		return p, setPortSGs(ctx, q, p.ID, nil)
@@ -424,14 +426,15 @@ func addInterface(ctx context.Context, q store.Querier, c *api.Caller, rt *route
 	}
 	var n int
 	if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM ports p JOIN ip_allocations a ON a.owner_id = p.id
-		WHERE p.device_id = ? AND p.device_owner = ? AND a.subnet_id = ?`, rt.ID, ownerRouterInterface, sub.ID).Scan(&n); err != nil {
+		WHERE p.bound_by = ? AND p.bound_device = ? AND p.device_owner = ? AND a.subnet_id = ?`,
+		bindRouter, rt.ID, ownerRouterInterface, sub.ID).Scan(&n); err != nil {
 		return nil, err
 	}
 	if n > 0 {
 		return nil, nerr(400, "BadRequest", "Bad router request: Router already has a port on subnet %s.", sub.ID)
 	}
 	p := &portRow{ID: newID(), NetworkID: sub.NetworkID, ProjectID: rt.ProjectID, Status: "ACTIVE", DeviceID: rt.ID,
-		DeviceOwner: ownerRouterInterface, AdminStateUp: true, PortSecurity: false}
+		DeviceOwner: ownerRouterInterface, BoundBy: bindRouter, BoundDevice: rt.ID, AdminStateUp: true, PortSecurity: false}
 	if err := insertPort(ctx, q, p, []ipRequest{{SubnetID: sub.ID, IPAddress: *sub.Gateway}}, ""); err != nil {
 		return nil, err
 	}
@@ -439,7 +442,7 @@ func addInterface(ctx context.Context, q store.Querier, c *api.Caller, rt *route
 }
 
 func removeInterface(ctx context.Context, q store.Querier, rt *routerRow, subnetID, portID string) (*portRow, error) {
-	ports, err := loadPorts(ctx, q, "device_id = ? AND device_owner = ?", rt.ID, ownerRouterInterface)
+	ports, err := loadPorts(ctx, q, "bound_by = ? AND bound_device = ? AND device_owner = ?", bindRouter, rt.ID, ownerRouterInterface)
 	if err != nil {
 		return nil, err
 	}

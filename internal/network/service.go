@@ -43,8 +43,21 @@ type Address struct {
 
 // Service is the network service.
 type Service struct {
-	db *store.DB
+	db   *store.DB
+	gate SpendGate // asked before a public address is allocated or attached; nil: never
+	// servers says whose a server is, before a customer names one as a
+	// port's device; nil: no server is anyone's.
+	servers ServerOwner
 }
+
+// ServerOwner tells which project a server belongs to; compute provides it.
+// found is false for a server that does not exist or is deleted.
+type ServerOwner interface {
+	ServerProject(ctx context.Context, id string) (project string, found bool, err error)
+}
+
+// SetServerOwner connects compute's answer to whose a server is.
+func (s *Service) SetServerOwner(o ServerOwner) { s.servers = o }
 
 // New makes the network service.
 func New(db *store.DB) *Service { return &Service{db: db} }
@@ -437,13 +450,13 @@ func (s *Service) CreateServerPort(ctx context.Context, tx *store.Tx, projectID,
 	if err != nil {
 		return nil, err
 	}
-	var reqs []ipRequest
-	if fixedIP != "" {
-		reqs = []ipRequest{{IPAddress: fixedIP}}
+	reqs, err := serverIPRequest(ctx, tx, n, projectID, fixedIP)
+	if err != nil {
+		return nil, err
 	}
 	p := &portRow{ID: newID(), NetworkID: n.ID, ProjectID: projectID, Status: "ACTIVE", DeviceID: serverID,
-		DeviceOwner: "compute:nova", VNIC: "normal", AdminStateUp: true, PortSecurity: n.PortSecurity,
-		ServerOwned: true, SecurityGroups: sgs}
+		DeviceOwner: "compute:nova", BoundBy: bindCompute, BoundDevice: serverID, VNIC: "normal", AdminStateUp: true,
+		PortSecurity: n.PortSecurity, ServerOwned: true, SecurityGroups: sgs}
 	if !p.PortSecurity {
 		p.SecurityGroups = []string{}
 	}
@@ -453,18 +466,52 @@ func (s *Service) CreateServerPort(ctx context.Context, tx *store.Tx, projectID,
 	return s.toPort(ctx, tx, p)
 }
 
-// BindPort attaches an existing port to a server in tx.
-func (s *Service) BindPort(ctx context.Context, tx *store.Tx, portID, serverID string) error {
+// serverIPRequest is the fixed_ips request for a server's fixed_ip (nil
+// for none). Only the network's owner may pick an address, as for the port
+// API (create_port:fixed_ips, checkNetOwnerAttrs); compute runs as an admin
+// here, so the rule is applied for the server's project. No one gets a
+// subnet's gateway: it belongs to the router interface.
+func serverIPRequest(ctx context.Context, q store.Querier, n *netRow, projectID, fixedIP string) ([]ipRequest, error) {
+	if fixedIP == "" {
+		return nil, nil
+	}
+	if n.ProjectID != projectID {
+		return nil, policyDenied("create_port:fixed_ips")
+	}
+	subs, err := loadSubnets(ctx, q, "network_id = ?", n.ID)
+	if err != nil {
+		return nil, err
+	}
+	if ip, err := netip.ParseAddr(fixedIP); err == nil {
+		for _, sub := range subs {
+			if sub.Gateway != nil && *sub.Gateway == ip.String() {
+				// nova/exception.py FixedIpInvalid
+				return nil, api.BadRequest("Fixed IP address %s is invalid.", fixedIP)
+			}
+		}
+	}
+	return []ipRequest{{IPAddress: fixedIP}}, nil
+}
+
+// BindPort attaches an existing port of the server's project to a server
+// in tx; a server's ports are only those of its own project, as Nova lists
+// them by tenant_id and device_id.
+func (s *Service) BindPort(ctx context.Context, tx *store.Tx, projectID, portID, serverID string) error {
 	p, err := getPortRow(ctx, tx, portID)
 	if err != nil {
 		return err
 	}
-	if p.DeviceID != "" && p.DeviceID != serverID {
+	if p.ProjectID != projectID {
+		// nova/exception.py PortNotUsable
+		return api.BadRequest("Port %s not usable for instance %s.", portID, serverID)
+	}
+	if (p.DeviceID != "" && p.DeviceID != serverID) || (p.BoundBy != "" && p.BoundDevice != serverID) {
 		// nova/exception.py PortInUse
 		return nerr(409, "PortInUse", "Port %s is still in use.", portID)
 	}
-	_, err = tx.Exec(ctx, `UPDATE ports SET device_id = ?, device_owner = 'compute:nova', status = 'ACTIVE', updated_at = ?,
-		revision_number = revision_number + 1 WHERE id = ?`, serverID, now(), portID)
+	_, err = tx.Exec(ctx, `UPDATE ports SET device_id = ?, device_owner = 'compute:nova', bound_by = ?, bound_device = ?,
+		status = 'ACTIVE', updated_at = ?, revision_number = revision_number + 1 WHERE id = ?`,
+		serverID, bindCompute, serverID, now(), portID)
 	return err
 }
 
@@ -519,15 +566,12 @@ func (s *Service) ReleaseServer(ctx context.Context, tx *store.Tx, serverID stri
 			return err
 		}
 	}
-	ports, err := loadPorts(ctx, tx, "device_id = ?", serverID)
+	ports, err := loadPorts(ctx, tx, "bound_device = ? AND bound_by = ?", serverID, bindCompute)
 	if err != nil {
 		return err
 	}
 	t := now()
 	for _, p := range ports {
-		if !strings.HasPrefix(p.DeviceOwner, "compute:") {
-			continue
-		}
 		if _, err := tx.Exec(ctx, `UPDATE floatingips SET port_id = NULL, fixed_ip_address = NULL, updated_at = ?,
 			revision_number = revision_number + 1 WHERE port_id = ?`, t, p.ID); err != nil {
 			return err
@@ -538,33 +582,40 @@ func (s *Service) ReleaseServer(ctx context.Context, tx *store.Tx, serverID stri
 			}
 			continue
 		}
-		if _, err := tx.Exec(ctx, `UPDATE ports SET device_id = '', device_owner = '', status = 'DOWN', updated_at = ?,
-			revision_number = revision_number + 1 WHERE id = ?`, t, p.ID); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE ports SET device_id = '', device_owner = '', bound_by = '', bound_device = '',
+			status = 'DOWN', updated_at = ?, revision_number = revision_number + 1 WHERE id = ?`, t, p.ID); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// Addresses returns, for each server id, Nova's addresses map: network name
-// to addresses, fixed before floating.
-func (s *Service) Addresses(ctx context.Context, serverIDs []string) (map[string]map[string][]Address, error) {
-	out := make(map[string]map[string][]Address, len(serverIDs))
-	ids := make([]any, 0, len(serverIDs))
-	for _, id := range serverIDs {
-		if id != "" {
-			ids = append(ids, id)
+// ServerRef names a server and its project.
+type ServerRef struct{ ID, ProjectID string }
+
+// Addresses returns, for each server, Nova's addresses map: network name to
+// addresses, fixed before floating. A server's ports are those compute
+// bound to it in the server's own project.
+func (s *Service) Addresses(ctx context.Context, servers []ServerRef) (map[string]map[string][]Address, error) {
+	out := make(map[string]map[string][]Address, len(servers))
+	projectOf := make(map[string]string, len(servers))
+	ids := make([]any, 0, len(servers))
+	for _, sv := range servers {
+		if sv.ID != "" {
+			projectOf[sv.ID] = sv.ProjectID
+			ids = append(ids, sv.ID)
 		}
 	}
 	err := inChunks(ids, func(chunk []any) error {
 		// One query per chunk: the ports of the servers with their network
 		// name, fixed addresses and floating addresses, in port order.
-		rows, err := s.db.Query(ctx, `SELECT p.device_id, p.id, p.mac_address, n.name, a.ip_address, f.floating_ip_address
+		rows, err := s.db.Query(ctx, `SELECT p.bound_device, p.project_id, p.id, p.mac_address, n.name, a.ip_address,
+				f.floating_ip_address
 			FROM ports p JOIN networks n ON n.id = p.network_id
 			LEFT JOIN ip_allocations a ON a.owner_id = p.id
 			LEFT JOIN floatingips f ON f.port_id = p.id AND f.fixed_ip_address = a.ip_address
-			WHERE p.device_id IN (`+marks(len(chunk))+`)
-			ORDER BY p.device_id, p.created_at, p.id, a.seq`, chunk...)
+			WHERE p.bound_by = ? AND p.bound_device IN (`+marks(len(chunk))+`)
+			ORDER BY p.bound_device, p.created_at, p.id, a.seq`, append([]any{bindCompute}, chunk...)...)
 		if err != nil {
 			return err
 		}
@@ -576,10 +627,13 @@ func (s *Service) Addresses(ctx context.Context, serverIDs []string) (map[string
 		var order []*portAddrs
 		byPort := map[string]*portAddrs{}
 		for rows.Next() {
-			var dev, pid, mac, nname string
+			var dev, project, pid, mac, nname string
 			var ip, fip *string
-			if err := rows.Scan(&dev, &pid, &mac, &nname, &ip, &fip); err != nil {
+			if err := rows.Scan(&dev, &project, &pid, &mac, &nname, &ip, &fip); err != nil {
 				return err
+			}
+			if project != projectOf[dev] {
+				continue
 			}
 			pa := byPort[pid]
 			if pa == nil {
@@ -628,16 +682,17 @@ type ServerPort struct {
 	MTU                                   int
 }
 
-// ServerPorts returns a server's ports in the order they were made (the
-// first is the primary one), each with its first IPv4 fixed address.
-func (s *Service) ServerPorts(ctx context.Context, serverID string) ([]ServerPort, error) {
+// ServerPorts returns a server's ports, those compute bound to it in its
+// project, in the order they were made (the first is the primary one), each
+// with its first IPv4 fixed address.
+func (s *Service) ServerPorts(ctx context.Context, sv ServerRef) ([]ServerPort, error) {
 	rows, err := s.db.Query(ctx, `SELECT p.id, p.network_id, p.mac_address, n.mtu, a.ip_address, sn.cidr,
 			COALESCE(sn.gateway_ip, ''), sn.dns_nameservers
 		FROM ports p JOIN networks n ON n.id = p.network_id
 		LEFT JOIN ip_allocations a ON a.owner_id = p.id
 		LEFT JOIN subnets sn ON sn.id = a.subnet_id AND sn.ip_version = 4
-		WHERE p.device_id = ?
-		ORDER BY p.created_at, p.id, a.seq`, serverID)
+		WHERE p.bound_by = ? AND p.bound_device = ? AND p.project_id = ?
+		ORDER BY p.created_at, p.id, a.seq`, bindCompute, sv.ID, sv.ProjectID)
 	if err != nil {
 		return nil, err
 	}

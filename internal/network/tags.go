@@ -27,6 +27,14 @@ var tagTables = map[string]struct {
 // MaxTagLength is neutron's tag length limit (neutron/extensions/tagging.py MAX_TAG_LEN).
 const MaxTagLength = 255
 
+// MaxTags bounds the tags of one resource. Neutron sets no count, so this
+// is Nova's per-server tag limit ("the per-server limit 50").
+const MaxTags = 50
+
+func errTooManyTags(n int) *api.Error {
+	return nerr(400, "HTTPBadRequest", "Invalid input for tags. Reason: Number of tags %d exceeds the limit %d.", n, MaxTags)
+}
+
 func validTag(t string) error {
 	if t == "" || len(t) > MaxTagLength || strings.Contains(t, ",") {
 		return nerr(400, "HTTPBadRequest", "Invalid input for tags. Reason: '%s' is not a valid tag.", t)
@@ -51,13 +59,18 @@ func (s *Service) tagHandler(coll, op string) api.HandlerFunc {
 			if in.Tags == nil {
 				return nil, nerr(400, "HTTPBadRequest", "Invalid input for tags. Reason: 'tags' is required.")
 			}
+			seen := make(map[string]bool, len(*in.Tags))
 			for _, t := range *in.Tags {
 				if err := validTag(t); err != nil {
 					return nil, err
 				}
-				if !slices.Contains(newTags, t) {
+				if !seen[t] {
+					seen[t] = true
 					newTags = append(newTags, t)
 				}
+			}
+			if len(newTags) > MaxTags {
+				return nil, errTooManyTags(len(newTags))
 			}
 		}
 		if op == "add" {
@@ -105,6 +118,9 @@ func (s *Service) tagHandler(coll, op string) api.HandlerFunc {
 			case "add":
 				if slices.Contains(tags, tag) {
 					return nil
+				}
+				if len(tags) >= MaxTags {
+					return errTooManyTags(len(tags) + 1)
 				}
 				tags = append(tags, tag)
 			case "replace":

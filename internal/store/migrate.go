@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -23,9 +24,24 @@ var migrations embed.FS
 const migrationLock = 7_316_284_201
 
 func (db *DB) migrate(ctx context.Context) error {
-	names, err := fs.Glob(migrations, "migrations/*.sql")
+	files, err := fs.Glob(migrations, "migrations/*.sql")
 	if err != nil {
 		return err
+	}
+	steps := map[string]func(context.Context, *sql.Tx) error{}
+	for _, path := range files {
+		name := strings.TrimSuffix(strings.TrimPrefix(path, "migrations/"), ".sql")
+		steps[name] = func(ctx context.Context, tx *sql.Tx) error { return runSQLFile(ctx, tx, path) }
+	}
+	for name, f := range goMigrations {
+		if _, dup := steps[name]; dup {
+			return fmt.Errorf("store: migration %s is both SQL and Go", name)
+		}
+		steps[name] = func(ctx context.Context, tx *sql.Tx) error { return f(ctx, tx, db.dialect) }
+	}
+	names := make([]string, 0, len(steps))
+	for name := range steps {
+		names = append(names, name)
 	}
 	sort.Strings(names)
 
@@ -59,27 +75,17 @@ func (db *DB) migrate(ctx context.Context) error {
 	}
 	rows.Close()
 
-	for _, path := range names {
-		name := strings.TrimSuffix(strings.TrimPrefix(path, "migrations/"), ".sql")
+	for _, name := range names {
 		if applied[name] {
 			continue
-		}
-		body, err := migrations.ReadFile(path)
-		if err != nil {
-			return err
 		}
 		tx, err := conn.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
-		for _, stmt := range strings.Split(string(body), "\n-- next\n") {
-			if strings.TrimSpace(stmt) == "" {
-				continue
-			}
-			if _, err := tx.ExecContext(ctx, stmt); err != nil {
-				tx.Rollback()
-				return fmt.Errorf("store: migration %s: %w", name, err)
-			}
+		if err := steps[name](ctx, tx); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("store: migration %s: %w", name, err)
 		}
 		if _, err := tx.ExecContext(ctx, rebind(db.dialect, "INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)"),
 			name, time.Now().UTC().Format(time.RFC3339)); err != nil {
@@ -88,6 +94,23 @@ func (db *DB) migrate(ctx context.Context) error {
 		}
 		if err := tx.Commit(); err != nil {
 			return fmt.Errorf("store: migration %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// runSQLFile runs the statements of one embedded migration file.
+func runSQLFile(ctx context.Context, tx *sql.Tx, path string) error {
+	body, err := migrations.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range strings.Split(string(body), "\n-- next\n") {
+		if strings.TrimSpace(stmt) == "" {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -182,7 +182,13 @@ func (db *DB) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
 
 // stmtCacheMax bounds the prepared statements kept: queries built with a
 // varying number of placeholders would otherwise grow the cache forever.
-const stmtCacheMax = 2000
+// stmtCacheMaxQuery keeps long query texts (a filter list a client made
+// long) out of it, so that its memory stays small and it holds the queries
+// that repeat.
+const (
+	stmtCacheMax      = 2000
+	stmtCacheMaxQuery = 4096
+)
 
 // stmtCache keeps prepared statements by query text. database/sql prepares
 // each on a connection the first time it runs there and reuses it after,
@@ -231,7 +237,7 @@ func (db *DB) startStmtCache() {
 }
 
 func (db *DB) stmt(q string) *sql.Stmt {
-	if db.stmts.want == nil {
+	if db.stmts.want == nil || len(q) > stmtCacheMaxQuery {
 		return nil
 	}
 	if st, ok := db.stmts.m.Load(q); ok {

@@ -48,8 +48,8 @@ func StartCloud(t testing.TB, dbURL string, opts ...Options) *cloud.Cloud {
 		// Test projects start at a zero balance; a generous credit limit
 		// keeps a test that runs across the hour from having its servers
 		// shelved for running dry. Billing's own tests set limits per
-		// account.
-		Billing: billing.Config{DefaultCreditLimit: 1 << 40},
+		// account. Tests top up through the simulated card.
+		Billing: billing.Config{DefaultCreditLimit: 1 << 40, TestPayments: true},
 		Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if os.Getenv("NIMBUS_TEST_LOG") != "" {

@@ -63,6 +63,14 @@ func (s *Service) extend(r *http.Request, raw json.RawMessage) (*api.Response, e
 	if !ok {
 		return nil, api.BadRequest("Invalid input for field/attribute os-extend. 'new_size' is a required property")
 	}
+	// A larger volume costs more: its account must be in funds.
+	pre, err := ownedVol(ctx, s.db, c, r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkSpend(ctx, pre.ProjectID); err != nil {
+		return nil, err
+	}
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
 		v, err := ownedVol(ctx, tx, c, r.PathValue("id"))
 		if err != nil {
@@ -233,8 +241,14 @@ func (s *Service) changeMetadata(r *http.Request, change func(map[string]string)
 		if v.Status == StatusDeleting {
 			return invalidVolume("Volume %s is being deleted.", v.ID)
 		}
+		before := len(v.Metadata)
 		if out, err = change(v.Metadata); err != nil {
 			return err
+		}
+		// A merge may pass the bound; a volume already past it (from
+		// before there was one) may still shrink.
+		if len(out) > maxMetadata && len(out) > before {
+			return errTooMuchMetadata()
 		}
 		_, err = tx.Exec(ctx, "UPDATE volumes SET metadata = ?, updated_at = ? WHERE id = ?", store.JSON(out), store.FormatTime(s.now()), v.ID)
 		return err

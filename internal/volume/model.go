@@ -293,8 +293,18 @@ func parseBool(s string) (bool, bool) {
 	return false, false
 }
 
-// metadata reads a map of strings: keys 1 to 255 characters, values at
-// most 255 (parameter_types.metadata_allows_null / extra_specs).
+// maxMetadata bounds a volume's metadata items. Cinder sets no count, so
+// this is Nova's and Glance's default (metadata_items, image_property_quota).
+const maxMetadata = 128
+
+// errTooMuchMetadata is Cinder's InvalidMetadata (400) for too many items.
+func errTooMuchMetadata() *api.Error {
+	return api.BadRequest("Invalid metadata: Maximum number of metadata items exceeds %d", maxMetadata)
+}
+
+// parseMetadata reads a map of strings: at most maxMetadata items, keys 1
+// to 255 characters, values at most 255
+// (parameter_types.metadata_allows_null / extra_specs).
 func parseMetadata(key string, raw json.RawMessage) (map[string]string, error) {
 	out := map[string]string{}
 	if isNull(raw) {
@@ -303,6 +313,9 @@ func parseMetadata(key string, raw json.RawMessage) (map[string]string, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
 		return nil, api.BadRequest("Invalid input for field/attribute %s. Value: %s. %s is not of type 'object'", key, raw, raw)
+	}
+	if len(m) > maxMetadata {
+		return nil, errTooMuchMetadata()
 	}
 	for k, v := range m {
 		var s string
@@ -320,4 +333,5 @@ func parseMetadata(key string, raw json.RawMessage) (map[string]string, error) {
 	return out, nil
 }
 
-func gib(bytes int64) int64 { return (bytes + (1<<30 - 1)) >> 30 }
+// gib is bytes in started GiB, with no overflow however near MaxInt64.
+func gib(bytes int64) int64 { return bytes>>30 + min(bytes&(1<<30-1), 1) }

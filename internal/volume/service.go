@@ -46,6 +46,15 @@ type Config struct {
 	Now func() time.Time
 	// QemuImg is the qemu-img binary ("" looks it up in PATH when needed).
 	QemuImg string
+	// Billing, when set, is asked before a volume is created or extended.
+	Billing SpendGate
+}
+
+// SpendGate is what volumes ask before a project starts or raises a charge
+// (a volume created or extended): billing answers a 403 *api.Error while
+// the project's account is below its credit limit.
+type SpendGate interface {
+	CanSpend(ctx context.Context, project string) error
 }
 
 // Service is the block storage service.
@@ -56,6 +65,7 @@ type Service struct {
 	log     *slog.Logger
 	now     func() time.Time
 	qemuImg string
+	gate    SpendGate
 
 	ctx  context.Context // background work; cancelled when Run returns
 	stop context.CancelFunc
@@ -65,7 +75,8 @@ type Service struct {
 
 // New makes the block storage service.
 func New(cfg Config) *Service {
-	s := &Service{db: cfg.DB, dataDir: cfg.DataDir, images: cfg.Images, log: cfg.Log, now: cfg.Now, qemuImg: cfg.QemuImg}
+	s := &Service{db: cfg.DB, dataDir: cfg.DataDir, images: cfg.Images, log: cfg.Log, now: cfg.Now, qemuImg: cfg.QemuImg,
+		gate: cfg.Billing}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -74,6 +85,15 @@ func New(cfg Config) *Service {
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	return s
+}
+
+// checkSpend asks the gate, when there is one, whether project may start
+// or raise a charge.
+func (s *Service) checkSpend(ctx context.Context, project string) error {
+	if s.gate == nil {
+		return nil
+	}
+	return s.gate.CanSpend(ctx, project)
 }
 
 // Microversions served (cinder/api/openstack/api_version_request.py

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -513,4 +514,35 @@ func (e *env) testFromImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGone(t, e.demo, v.ID)
+
+	// A qcow2 whose backing file is a file of the controller's (here a
+	// secret beside the database) must not be copied into the volume.
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, bytes.Repeat([]byte("controller secret "), 1000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	evil := filepath.Join(dir, "evil.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", secret, evil).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	data, err := os.ReadFile(evil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err = images.Create(ctx, ic, images.CreateOpts{Name: "evil", DiskFormat: "qcow2", ContainerFormat: "bare"}).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := imagedata.Upload(ctx, ic, im.ID, bytes.NewReader(data)).ExtractErr(); err != nil {
+		t.Fatal(err)
+	}
+	v, err = volumes.Create(ctx, e.demo, volumes.CreateOpts{Size: 1, Name: "evil", ImageID: im.ID}, nil).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e.demo, v.ID, "error")
+	if b, err := os.ReadFile(e.c.Volumes.DataPath(v.ID)); err == nil && bytes.Contains(b, []byte("controller secret")) {
+		t.Error("a backing file of the controller's was copied into a customer's volume")
+	}
 }

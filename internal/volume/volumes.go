@@ -217,6 +217,9 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 		return nil, invalidInput("Volume size '%s' must be an integer and greater than 0", "None")
 	}
 	v.Size = size
+	if err := s.checkSpend(ctx, v.ProjectID); err != nil {
+		return nil, err
+	}
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
 		t, err := s.findType(ctx, tx, c, typeRef)
 		if err != nil {

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -171,6 +173,15 @@ func (s *Service) copyImage(ctx context.Context, v *volRow, dst string) error {
 	if err != nil {
 		return fmt.Errorf("qemu-img: %w", err)
 	}
+	vsize, err := inspectImage(ctx, bin, format, src)
+	if err != nil {
+		return fmt.Errorf("image %s cannot be copied to a volume: %w", v.ImageID, err)
+	}
+	if vsize > v.Size<<30 {
+		return fmt.Errorf("image %s is %d bytes, larger than the volume's %d GiB", v.ImageID, vsize, v.Size)
+	}
+	ctx, cancel := context.WithTimeout(ctx, convertTimeout)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "convert", "-f", format, "-O", "raw", "-t", "none", "-S", "4k", src, dst)
 	out, err := cmd.CombinedOutput()
 	if err != nil && strings.Contains(string(out), "cache mode") {
@@ -189,6 +200,58 @@ func (s *Service) copyImage(ctx context.Context, v *volRow, dst string) error {
 		return fmt.Errorf("image %s is %d bytes, larger than the volume's %d GiB", v.ImageID, fi.Size(), v.Size)
 	}
 	return nil
+}
+
+// inspectTimeout bounds reading an image's headers; convertTimeout a whole
+// copy into a volume.
+const (
+	inspectTimeout = time.Minute
+	convertTimeout = time.Hour
+)
+
+// inspectImage reads the headers of a customer's image, in the format its
+// record names, before qemu-img converts it on this host: an image that
+// names any other file (a qcow2 backing or data file, a VMDK extent) would
+// have the controller copy that file, say its database, into the
+// customer's volume. It returns the virtual size.
+func inspectImage(ctx context.Context, bin, format, src string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, inspectTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "info", "--output=json", "-f", format, src).Output()
+	if err != nil {
+		return 0, fmt.Errorf("qemu-img info: %w", err)
+	}
+	var in struct {
+		VirtualSize     int64  `json:"virtual-size"`
+		BackingFilename string `json:"backing-filename"`
+		FullBacking     string `json:"full-backing-filename"`
+		FormatSpecific  struct {
+			Data struct {
+				DataFile string `json:"data-file"`
+				Extents  []struct {
+					Filename string `json:"filename"`
+				} `json:"extents"`
+			} `json:"data"`
+		} `json:"format-specific"`
+	}
+	if err := json.Unmarshal(out, &in); err != nil {
+		return 0, fmt.Errorf("qemu-img info: %w", err)
+	}
+	if in.BackingFilename != "" || in.FullBacking != "" {
+		return 0, errors.New("it has a backing file")
+	}
+	if in.FormatSpecific.Data.DataFile != "" {
+		return 0, errors.New("it has an external data file")
+	}
+	for _, e := range in.FormatSpecific.Data.Extents {
+		if e.Filename != src {
+			return 0, errors.New("it has an extent in another file")
+		}
+	}
+	if in.VirtualSize < 0 {
+		return 0, errors.New("it has no size")
+	}
+	return in.VirtualSize, nil
 }
 
 // qemuFormat is qemu-img's name for a Glance disk format, "" for those a

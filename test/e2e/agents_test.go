@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -164,6 +165,107 @@ func TestUpgradeBeforeFleet(t *testing.T) {
 		waitGone(t, compute, b)
 		if _, err := c2.Fake.State(ctx, b); err == nil {
 			t.Fatal("the deleted server's VM is still on its host")
+		}
+	})
+}
+
+// TestRogueAgent: an enrolled agent speaks only for its own hosts and the
+// servers compute placed there. Its heartbeat naming a customer's server
+// on another agent's host changes neither the server's host nor its power
+// state, it cannot read the server's image (no op of its names it), nor
+// upload into an image that names the server as its instance; neither can
+// the server's own host's agent, for an image no pending snapshot names.
+func TestRogueAgent(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		c := testenv.StartCloud(t, dbURL)
+		demo := testenv.Provider(t, c, cloud.DemoUser)
+		compute := testenv.Compute(t, demo, "")
+		admin := testenv.Compute(t, testenv.Provider(t, c, cloud.AdminUser), "2.16")
+		image, flavor, network := bootChoice(t, demo)
+		id := createServer(t, compute, "victim", image, flavor, network)
+		waitStatus(t, compute, id, "ACTIVE")
+		host := serverAttrs(t, admin, id)["OS-EXT-SRV-ATTR:host"]
+
+		hc := testenv.HTTPClient(t, c)
+		call := func(cred, method, path, body string) (int, string) {
+			t.Helper()
+			req, err := http.NewRequest(method, c.AgentURL+path, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cred != "" {
+				req.Header.Set("Authorization", "Bearer "+cred)
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		tok, err := c.Fleet.CreateToken(ctx, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, body := call("", "POST", "/v1/agent/enrol", `{"token":"`+tok+`","name":"rogue"}`)
+		var enrolled struct{ Credential string }
+		if json.Unmarshal([]byte(body), &enrolled); st != http.StatusCreated || enrolled.Credential == "" {
+			t.Fatalf("enrol: %d %s", st, body)
+		}
+		rogue := enrolled.Credential
+		if st, body := call(rogue, "PUT", "/v1/agent/hosts", `{"hosts":[{"name":"rogue-host","vcpus":4,"memory_mb":4096,"up":true}]}`); st != http.StatusOK {
+			t.Fatalf("hosts: %d %s", st, body)
+		}
+		for _, h := range []string{"rogue-host", fmt.Sprint(host)} {
+			hb := fmt.Sprintf(`{"observed":%d,"hosts":[{"name":"rogue-host","up":true}],"instances":[{"id":%q,"host":%q,"power_state":4}]}`,
+				time.Now().UnixNano(), id, h)
+			if st, body := call(rogue, "POST", "/v1/agent/heartbeat", hb); st != http.StatusOK {
+				t.Fatalf("heartbeat: %d %s", st, body)
+			}
+		}
+		attrs := serverAttrs(t, admin, id)
+		if attrs["OS-EXT-SRV-ATTR:host"] != host || attrs["status"] != "ACTIVE" || fmt.Sprint(attrs["OS-EXT-STS:power_state"]) != "1" {
+			t.Fatalf("after the rogue's heartbeats: host %v (was %v), status %v, power %v", attrs["OS-EXT-SRV-ATTR:host"], host,
+				attrs["status"], attrs["OS-EXT-STS:power_state"])
+		}
+		var fleetHost string
+		if err := c.DB.QueryRow(ctx, "SELECT host FROM fleet_instances WHERE server_id = ?", id).Scan(&fleetHost); err != nil || fleetHost != host {
+			t.Fatalf("the fleet has the VM on %q (%v), want %v", fleetHost, err, host)
+		}
+		// Work on the server still reaches its own host.
+		if err := servers.Stop(ctx, compute, id).ExtractErr(); err != nil {
+			t.Fatal(err)
+		}
+		waitStatus(t, compute, id, "SHUTOFF")
+		if p, err := c.Fake.State(ctx, id); err != nil || p != 4 {
+			t.Fatalf("the VM after stop: %v %v", p, err)
+		}
+
+		if st, body := call(rogue, "GET", "/v1/agent/images/"+image, ""); st != http.StatusNotFound {
+			t.Errorf("the rogue read the server's image: %d %.80s", st, body)
+		}
+		ic, err := openstack.NewImageV2(demo, gophercloud.EndpointOpts{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged, err := images.Create(ctx, ic, images.CreateOpts{Name: "forged", ContainerFormat: "bare", DiskFormat: "qcow2",
+			Properties: map[string]string{"instance_uuid": id}}).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		local, err := agent.LoadIdentity(c.Config.DataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for who, cred := range map[string]string{"the rogue": rogue, "the server's host's agent": local.Credential} {
+			if st, body := call(cred, "PUT", "/v1/agent/images/"+forged.ID+"?disk_format=qcow2", "forged data"); st != http.StatusForbidden {
+				t.Errorf("%s uploaded into an image no snapshot names: %d %s", who, st, body)
+			}
+		}
+		if got, err := images.Get(ctx, ic, forged.ID).Extract(); err != nil || got.Status != images.ImageStatusQueued {
+			t.Errorf("the forged image: %+v %v", got, err)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -319,7 +320,9 @@ func TestQEMUServerLife(t *testing.T) {
 }
 
 // TestQEMUBootFailure: a VM that cannot start puts its server in ERROR
-// with the reason as its fault, and frees what the server held.
+// with the reason as its fault, and frees what the server held. Two
+// reasons: an image that is no disk, and an image whose ramdisk_id names
+// another project's private image (issue 16: QEMU must never get it).
 func TestQEMUBootFailure(t *testing.T) {
 	q := startQEMUCloud(t)
 	ctx := context.Background()
@@ -327,16 +330,64 @@ func TestQEMUBootFailure(t *testing.T) {
 	if _, err := keypairs.Create(ctx, q.compute, keypairs.CreateOpts{Name: "e2e", PublicKey: pub}).Extract(); err != nil {
 		t.Fatal(err)
 	}
-	img, err := images.Create(ctx, q.image, images.CreateOpts{Name: "broken", DiskFormat: "qcow2", ContainerFormat: "bare"}).Extract()
+	flavor := q.flavor(ctx, "e2e.fail", 1, 256, 1)
+
+	broken := q.upload(ctx, q.image, "broken", "qcow2", strings.NewReader(strings.Repeat("not a disk image\n", 4096)), nil)
+	q.bootFails(ctx, broken, flavor, "qcow2")
+
+	// The operator's project keeps a private image; the customer cannot
+	// see it, and names it as the ramdisk of an image of their own.
+	adminImage, err := openstack.NewImageV2(q.admin, gophercloud.EndpointOpts{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := imagedata.Upload(ctx, q.image, img.ID, strings.NewReader(strings.Repeat("not a disk image\n", 4096))).ExtractErr(); err != nil {
+	secret := q.upload(ctx, adminImage, "admin-secret", "raw", strings.NewReader("operator's secret data\n"), nil)
+	if _, err := images.Get(ctx, q.image, secret).Extract(); !gophercloud.ResponseCodeIs(err, 404) {
+		t.Fatalf("the customer sees the operator's private image: %v", err)
+	}
+	kf, err := os.Open(q.guest.Kernel)
+	if err != nil {
 		t.Fatal(err)
 	}
-	flavor := q.flavor(ctx, "e2e.fail", 1, 256, 1)
+	defer kf.Close()
+	kernel := q.upload(ctx, q.image, "my-kernel", "aki", kf, nil)
+	df, err := os.Open(q.guest.Disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer df.Close()
+	borrowing := q.upload(ctx, q.image, "borrowing", "qcow2", df, map[string]string{
+		"kernel_id": kernel, "ramdisk_id": secret, "os_command_line": q.guest.Cmdline})
+	q.bootFails(ctx, borrowing, flavor, "ramdisk_id "+secret)
+	if b, err := os.ReadFile(filepath.Join(q.c.Config.DataDir, "qemu", "images", "id-"+secret)); err == nil {
+		t.Errorf("the operator's image reached the customer's host cache (%d bytes)", len(b))
+	}
+}
+
+// upload makes an image through client and stores data in it.
+func (q *qemuCloud) upload(ctx context.Context, client *gophercloud.ServiceClient, name, format string, data io.Reader, props map[string]string) string {
+	q.t.Helper()
+	container := "bare"
+	if format == "aki" || format == "ari" {
+		container = format
+	}
+	img, err := images.Create(ctx, client, images.CreateOpts{Name: name, DiskFormat: format, ContainerFormat: container, Properties: props}).Extract()
+	if err != nil {
+		q.t.Fatalf("image %s: %v", name, err)
+	}
+	if err := imagedata.Upload(ctx, client, img.ID, data).ExtractErr(); err != nil {
+		q.t.Fatalf("upload %s: %v", name, err)
+	}
+	return img.ID
+}
+
+// bootFails creates a server of image and checks that it goes to ERROR
+// with a fault that says why, holding no claim and no QEMU process.
+func (q *qemuCloud) bootFails(ctx context.Context, image, flavor, why string) {
+	t := q.t
+	t.Helper()
 	sv, err := servers.Create(ctx, q.compute, keypairs.CreateOptsExt{
-		CreateOptsBuilder: servers.CreateOpts{Name: "broken", ImageRef: img.ID, FlavorRef: flavor, Networks: "auto"},
+		CreateOptsBuilder: servers.CreateOpts{Name: "broken", ImageRef: image, FlavorRef: flavor, Networks: "auto"},
 		KeyName:           "e2e"}, nil).Extract()
 	if err != nil {
 		t.Fatal(err)
@@ -352,8 +403,8 @@ func TestQEMUBootFailure(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	if got.Status != "ERROR" || !strings.Contains(got.Fault.Message, "qcow2") {
-		t.Fatalf("server %s: status %s, fault %+v; want ERROR naming the bad image", sv.ID, got.Status, got.Fault)
+	if got.Status != "ERROR" || !strings.Contains(got.Fault.Message, why) {
+		t.Fatalf("server %s: status %s, fault %+v; want ERROR saying %q", sv.ID, got.Status, got.Fault, why)
 	}
 	var held int
 	if err := q.c.DB.QueryRow(ctx, "SELECT COUNT(*) FROM compute_claims WHERE server_id = ?", sv.ID).Scan(&held); err != nil || held != 0 {

@@ -187,7 +187,7 @@ start_nimbus() {
 			--image-port "$IM_PORT" --network-port "$NE_PORT" --billing-port "$BI_PORT" \
 			--volume-port "$VO_PORT" \
 			--fake-delay "${NIMBUS_IT_FAKE_DELAY:-200ms}" \
-			--billing-credit-limit 1000000000000 >>"$LOG" 2>&1 &
+			--billing-credit-limit 1000000000000 --billing-test-payments >>"$LOG" 2>&1 &
 		NIMBUS_PID=$!
 		local i
 		for i in $(seq 100); do

@@ -70,6 +70,9 @@ type vm struct {
 	Console []string          `json:"console"`
 	Boots   int               `json:"boots"`
 	Since   time.Time         `json:"since"`
+	// KeptDiskGB is the size of the disk a resize kept for its revert
+	// (Nova's <instance>_resize); nil when there is none.
+	KeptDiskGB *int `json:"kept_disk_gb,omitempty"`
 }
 
 // Driver is the fake driver.
@@ -675,6 +678,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 }
 
 // Resize changes a server's CPU, RAM and disk; a running server reboots.
+// The disk it had is kept until ConfirmResize; a revert brings it back.
 func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
 	if err := d.exists(spec.ServerID); err != nil {
 		return err
@@ -683,8 +687,16 @@ func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
 		return err
 	}
 	return d.change(spec.ServerID, func(v *vm) error {
-		if spec.DiskGB > 0 && spec.DiskGB < v.Spec.DiskGB {
+		switch {
+		case spec.Revert && v.KeptDiskGB != nil:
+			v.Spec.DiskGB, v.KeptDiskGB = *v.KeptDiskGB, nil
+		case spec.Revert:
+			// Nothing was kept (an older resize): the disk stays.
+		case spec.DiskGB > 0 && spec.DiskGB < v.Spec.DiskGB:
 			return fmt.Errorf("fake: resize %s: disk cannot shrink from %d to %d GB", v.ID, v.Spec.DiskGB, spec.DiskGB)
+		default: // replacing any older copy (one a failed confirm left)
+			kept := v.Spec.DiskGB
+			v.KeptDiskGB = &kept
 		}
 		if spec.VCPUs > 0 {
 			v.Spec.VCPUs = spec.VCPUs
@@ -692,7 +704,7 @@ func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
 		if spec.MemoryMB > 0 {
 			v.Spec.MemoryMB = spec.MemoryMB
 		}
-		if spec.DiskGB > 0 {
+		if spec.DiskGB > 0 && !spec.Revert {
 			v.Spec.DiskGB = spec.DiskGB
 		}
 		if spec.Host != "" {
@@ -702,6 +714,14 @@ func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
 			v.console("", "reboot: Restarting system")
 			v.boot()
 		}
+		return nil
+	})
+}
+
+// ConfirmResize drops the disk the last resize kept.
+func (d *Driver) ConfirmResize(ctx context.Context, id string) error {
+	return d.change(id, func(v *vm) error {
+		v.KeptDiskGB = nil
 		return nil
 	})
 }

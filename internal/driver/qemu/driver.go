@@ -86,6 +86,10 @@ type Driver struct {
 	wg        sync.WaitGroup
 }
 
+// maxRootDisk bounds a root disk whose size comes from its image (a flavor
+// of disk 0): 2 TiB.
+const maxRootDisk = 2 << 40
+
 var (
 	_ driver.Driver        = (*Driver)(nil)
 	_ driver.ImageUser     = (*Driver)(nil)
@@ -689,6 +693,15 @@ func (d *Driver) create(ctx context.Context, v *vm, spec driver.Spec) error {
 			}
 		}
 	}
+	// The virtual size is the image owner's to write: it never makes a
+	// root disk larger than the flavor's (compute refuses such an image
+	// too), nor, on a flavor that takes the image's size, past maxRootDisk.
+	switch {
+	case spec.DiskGB > 0 && vsize > int64(spec.DiskGB)<<30:
+		return fmt.Errorf("the image's virtual size (%d bytes) is larger than the flavor's disk (%d GB)", vsize, spec.DiskGB)
+	case vsize > maxRootDisk:
+		return fmt.Errorf("the image's virtual size (%d bytes) is larger than %d bytes", vsize, int64(maxRootDisk))
+	}
 	size := max(int64(spec.DiskGB)<<30, vsize)
 	tmp := filepath.Join(v.dir, "."+diskFile+".tmp")
 	os.Remove(tmp)
@@ -1061,9 +1074,10 @@ func (d *Driver) freeze(ctx context.Context, id string, pause bool) error {
 	return v.setPower(to)
 }
 
-// Resize gives a server its new flavor: the VM stops (gracefully), its
-// disk grows (it never shrinks: a revert keeps the bigger disk), and it
-// starts again with the new vCPUs, RAM and pinning if it ran.
+// Resize gives a server its new flavor: the VM stops (gracefully), a copy
+// of its disk is kept (Nova's <instance>_resize) and the disk grows, and
+// it starts again with the new vCPUs, RAM and pinning if it ran. A revert
+// puts the kept disk back instead; ConfirmResize drops it.
 func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
 	v, err := d.acquire(ctx, spec.ServerID)
 	if err != nil {
@@ -1082,6 +1096,9 @@ func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
 		if err := d.stop(ctx, v, p, true, d.cfg.ShutdownTimeout); err != nil {
 			return err
 		}
+	}
+	if err := d.swapDisk(v.dir, spec.Revert); err != nil {
+		return fmt.Errorf("qemu: resize %s: %w", v.id, err)
 	}
 	if _, err := d.growDisk(ctx, filepath.Join(v.dir, diskFile), int64(spec.DiskGB)<<30); err != nil {
 		return fmt.Errorf("qemu: resize %s: %w", v.id, err)
@@ -1106,6 +1123,66 @@ func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
 	}
 	_, err = d.launchRetry(ctx, v, "")
 	return err
+}
+
+// swapDisk, for a stopped server in dir, keeps a copy of its disk before a
+// resize, replacing any older copy (one a failed confirm left), or on a
+// revert puts the kept disk back; a revert with nothing kept leaves the
+// disk as it is.
+func (d *Driver) swapDisk(dir string, revert bool) error {
+	disk, kept := filepath.Join(dir, diskFile), filepath.Join(dir, keptFile)
+	if revert {
+		err := os.Rename(kept, disk)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return d.chownForQEMU(dir, diskFile)
+	}
+	tmp := kept + ".tmp"
+	if err := copyFile(disk, tmp); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, kept)
+}
+
+// copyFile copies src to a new file dst (copy_file_range, so a file
+// system that can shares the blocks).
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// ConfirmResize drops the disk the server's last resize kept.
+func (d *Driver) ConfirmResize(ctx context.Context, id string) error {
+	v, err := d.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer d.release(v)
+	if err := os.Remove(filepath.Join(v.dir, keptFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("qemu: confirm resize %s: %w", id, err)
+	}
+	return nil
 }
 
 // Snapshot copies a server's disk — its overlay and base flattened into

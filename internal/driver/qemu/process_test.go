@@ -336,6 +336,10 @@ func TestProcessLifecycle(t *testing.T) {
 	// Resize a running server: it stops, its disk grows, it starts with
 	// the new memory.
 	pid = pidOf(t, d, id)
+	before, err := d.info(ctx, filepath.Join(vdir, diskFile), "qcow2", true)
+	if err != nil {
+		t.Fatal(err)
+	}
 	bigger := spec
 	bigger.MemoryMB, bigger.DiskGB = 96, 1
 	bigger.Cells = []driver.Cell{{Node: 0, CPUs: []int{pcpu}, MemoryMB: 96}}
@@ -352,13 +356,17 @@ func TestProcessLifecycle(t *testing.T) {
 	if in, err := d.info(ctx, filepath.Join(vdir, diskFile), "qcow2", true); err != nil || in.VirtualSize != 1<<30 {
 		t.Errorf("disk after resize: %d bytes, %v", in.VirtualSize, err)
 	}
-	smaller := bigger
-	smaller.DiskGB = 0 // a revert to a smaller flavor keeps the disk
-	if err := d.Resize(ctx, smaller); err != nil {
-		t.Fatalf("Resize down: %v", err)
+	// Revert: the disk the resize kept comes back, and is kept no more.
+	reverted := spec
+	reverted.Revert = true
+	if err := d.Resize(ctx, reverted); err != nil {
+		t.Fatalf("Resize (revert): %v", err)
 	}
-	if in, _ := d.info(ctx, filepath.Join(vdir, diskFile), "qcow2", true); in.VirtualSize != 1<<30 {
-		t.Errorf("disk shrank to %d", in.VirtualSize)
+	if in, _ := d.info(ctx, filepath.Join(vdir, diskFile), "qcow2", true); in.VirtualSize != before.VirtualSize {
+		t.Errorf("disk after revert: %d bytes, want %d", in.VirtualSize, before.VirtualSize)
+	}
+	if _, err := os.Stat(filepath.Join(vdir, keptFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the kept disk outlived the revert: %v", err)
 	}
 	if len(events.of(id)) != 0 {
 		t.Errorf("the listener heard of the driver's own changes: %v", events.of(id))

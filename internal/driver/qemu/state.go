@@ -25,6 +25,7 @@ const (
 const (
 	stateFile   = "state.json"
 	diskFile    = "disk.qcow2"
+	keptFile    = "disk.qcow2.resize" // the disk before a resize, until confirm or revert
 	seedFile    = "seed.iso"
 	qmpSock     = "qmp.sock"
 	pidFile     = "qemu.pid"

@@ -43,6 +43,7 @@ const (
 	KindSuspend  = "suspend"
 	KindResume   = "resume"
 	KindResize   = "resize"
+	KindConfirm  = "confirm_resize"
 	KindSnapshot = "snapshot"
 	KindConsole  = "console"
 	KindAccess   = "access"

@@ -1,0 +1,112 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"time"
+)
+
+// goMigrations are the migrations that SQL shared by both engines cannot
+// say (they rewrite JSON documents), by name in the same sequence as the
+// SQL files. Like those, once landed they are never edited.
+var goMigrations = map[string]func(context.Context, *sql.Tx, Dialect) error{
+	"0017_compute_system_metadata": moveShelveMetadata,
+}
+
+// shelveKeys are the keys shelve once kept in a server's user metadata.
+var shelveKeys = []string{"shelved_image_id", "shelved_at", "shelved_host"}
+
+// moveShelveMetadata takes shelve's bookkeeping out of every server's user
+// metadata, where a customer could write it, into the document's system
+// field "shelved". It is kept only for a server that is shelved and whose
+// image its own project owns: any other value was written by a customer.
+func moveShelveMetadata(ctx context.Context, tx *sql.Tx, d Dialect) error {
+	rows, err := tx.QueryContext(ctx, "SELECT id, project_id, vm_state, doc FROM compute_servers WHERE deleted = 0")
+	if err != nil {
+		return err
+	}
+	type row struct{ id, project, state, doc string }
+	var todo []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.id, &r.project, &r.state, &r.doc); err != nil {
+			rows.Close()
+			return err
+		}
+		todo = append(todo, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, r := range todo {
+		var doc map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(r.doc), &doc); err != nil {
+			return err
+		}
+		var meta map[string]string
+		if raw, ok := doc["metadata"]; ok {
+			if err := json.Unmarshal(raw, &meta); err != nil {
+				return err
+			}
+		}
+		found := false
+		for _, k := range shelveKeys {
+			if _, ok := meta[k]; ok {
+				found = true
+			}
+		}
+		if !found {
+			continue
+		}
+		if r.state == "shelved" || r.state == "shelved_offloaded" {
+			state, err := shelveStateOf(ctx, tx, d, r.project, meta)
+			if err != nil {
+				return err
+			}
+			if state != nil {
+				if doc["shelved"], err = json.Marshal(state); err != nil {
+					return err
+				}
+			}
+		}
+		for _, k := range shelveKeys {
+			delete(meta, k)
+		}
+		raw, err := json.Marshal(meta)
+		if err != nil {
+			return err
+		}
+		doc["metadata"] = raw
+		out, err := json.Marshal(doc)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, rebind(d, "UPDATE compute_servers SET doc = ? WHERE id = ?"), string(out), r.id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// shelveStateOf is the system record for a shelved server's old metadata,
+// or nil when its image is not its project's own.
+func shelveStateOf(ctx context.Context, tx *sql.Tx, d Dialect, project string, meta map[string]string) (map[string]any, error) {
+	state := map[string]any{"host": meta["shelved_host"]}
+	if t, err := time.Parse("2006-01-02T15:04:05.000000", meta["shelved_at"]); err == nil {
+		state["at"] = t.UTC()
+	}
+	if id := meta["shelved_image_id"]; id != "" {
+		var owner string
+		err := tx.QueryRowContext(ctx, rebind(d, "SELECT owner FROM images WHERE id = ?"), id).Scan(&owner)
+		if err != nil && err != sql.ErrNoRows {
+			return nil, err
+		}
+		if owner != project {
+			return nil, nil
+		}
+		state["image_id"] = id
+	}
+	return state, nil
+}

@@ -1,0 +1,92 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"nimbus/internal/store/storetest"
+)
+
+// TestMoveShelveMetadata checks migration 0017 on both engines: shelve's
+// keys leave every server's user metadata, and only a shelved server whose
+// image its own project owns keeps them, as system state.
+func TestMoveShelveMetadata(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		db, err := Open(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		const now = "2026-11-24T10:00:00.000000Z"
+		for _, img := range []struct{ id, owner string }{{"own-img", "p1"}, {"catalog-img", "admin"}} {
+			if _, err := db.Exec(ctx, `INSERT INTO images (id, status, visibility, owner, created_at, updated_at)
+ VALUES (?, 'active', 'public', ?, ?, ?)`, img.id, img.owner, now, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		servers := []struct {
+			id, state string
+			meta      map[string]string
+			wantMeta  map[string]string
+			wantShelf map[string]any
+		}{
+			{"honest", "shelved_offloaded",
+				map[string]string{"shelved_image_id": "own-img", "shelved_at": "2026-11-20T08:00:00.000000", "shelved_host": "h1", "role": "web"},
+				map[string]string{"role": "web"},
+				map[string]any{"image_id": "own-img", "host": "h1", "at": "2026-11-20T08:00:00Z"}},
+			{"forged-shelved", "shelved",
+				map[string]string{"shelved_image_id": "catalog-img"}, map[string]string{}, nil},
+			{"forged-active", "active",
+				map[string]string{"shelved_image_id": "catalog-img", "shelved_host": "x"}, map[string]string{}, nil},
+			{"plain", "active", map[string]string{"a": "b"}, map[string]string{"a": "b"}, nil},
+		}
+		for _, s := range servers {
+			doc, _ := json.Marshal(map[string]any{"metadata": s.meta, "instance_name": "i-" + s.id})
+			if _, err := db.Exec(ctx, `INSERT INTO compute_servers (id, project_id, user_id, name, vm_state, flavor_id, reservation_id, created_at, updated_at, doc)
+ VALUES (?, 'p1', 'u1', ?, ?, 'f', 'r', ?, ?, ?)`, s.id, s.id, s.state, now, now, string(doc)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tx, err := db.sql.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := moveShelveMetadata(ctx, tx, db.dialect); err != nil {
+			tx.Rollback()
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range servers {
+			var raw string
+			if err := db.QueryRow(ctx, "SELECT doc FROM compute_servers WHERE id = ?", s.id).Scan(&raw); err != nil {
+				t.Fatal(err)
+			}
+			var doc struct {
+				Metadata map[string]string `json:"metadata"`
+				Shelved  map[string]any    `json:"shelved"`
+				Name     string            `json:"instance_name"`
+			}
+			if err := json.Unmarshal([]byte(raw), &doc); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := mustJSON(doc.Metadata), mustJSON(s.wantMeta); got != want {
+				t.Errorf("%s: metadata %s, want %s", s.id, got, want)
+			}
+			if got, want := mustJSON(doc.Shelved), mustJSON(s.wantShelf); got != want {
+				t.Errorf("%s: shelved %s, want %s", s.id, got, want)
+			}
+			if doc.Name != "i-"+s.id {
+				t.Errorf("%s: other document fields lost: %s", s.id, raw)
+			}
+		}
+	})
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
