@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,6 +66,12 @@ func TestGateBelowCreditLimit(t *testing.T) {
 		fip := idOf(t, call("POST", c.NetworkURL+"/v2.0/floatingips", fipBody(port), 201), "floatingip")
 		spare := idOf(t, call("POST", c.NetworkURL+"/v2.0/floatingips", fipBody(""), 201), "floatingip")
 		address := fipOf(t, c, hc, demo, fip).Address
+		var queued struct{ ID string }
+		json.Unmarshal([]byte(call("POST", c.ImageURL+"/v2/images", `{"name": "up", "disk_format": "raw", "container_format": "bare"}`, 201)), &queued)
+		upload := func() (*http.Response, string) {
+			return testenv.Do(t, hc, "PUT", c.ImageURL+"/v2/images/"+queued.ID+"/file", demo, "image data",
+				"Content-Type", "application/octet-stream")
+		}
 
 		// −10.00 below a credit limit of 0.
 		var acct struct{ Account struct{ Balance int64 } }
@@ -91,6 +98,10 @@ func TestGateBelowCreditLimit(t *testing.T) {
 			if resp.StatusCode != http.StatusForbidden || messageOf(t, raw) != refusal {
 				t.Errorf("%s below the credit limit: %d %s; want 403 %q", r.name, resp.StatusCode, raw, refusal)
 			}
+		}
+		// Image data is charged per GB-hour: its upload is refused too.
+		if resp, raw := upload(); resp.StatusCode != http.StatusForbidden || !strings.Contains(raw, refusal) {
+			t.Errorf("image upload below the credit limit: %d %s; want 403 %q", resp.StatusCode, raw, refusal)
 		}
 
 		// The charging pass suspends the account, keeping its data.
@@ -124,6 +135,9 @@ func TestGateBelowCreditLimit(t *testing.T) {
 		call("POST", c.NetworkURL+"/v2.0/floatingips", fipBody(""), 201)
 		call("POST", c.VolumeURL+"/volumes", `{"volume": {"size": 100}}`, 202)
 		call("POST", c.VolumeURL+"/volumes/"+volume+"/action", `{"os-extend": {"new_size": 2}}`, 202)
+		if resp, raw := upload(); resp.StatusCode != http.StatusNoContent {
+			t.Errorf("image upload after a top-up: %d %s", resp.StatusCode, raw)
+		}
 		call("POST", c.ComputeURL+"/servers/"+server+"/action", `{"unshelve": null}`, 202)
 		waitStatus(t, sc, server, "ACTIVE")
 		call("POST", c.ComputeURL+"/servers/"+server+"/action", `{"createImage": {"name": "snap"}}`, 202)

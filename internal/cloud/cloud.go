@@ -291,6 +291,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	// Every service that starts or raises a charge asks billing's gate;
 	// an account that runs dry has its servers shelved and its public
 	// addresses detached.
+	c.Images.SetSpendGate(c.Billing)
 	c.Networks = network.New(db)
 	c.Networks.SetSpendGate(c.Billing)
 	c.Billing.SetDetacher(c.Networks)

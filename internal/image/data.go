@@ -229,6 +229,13 @@ func (s *Service) uploadData(r *http.Request) (*api.Response, error) {
 	if strings.TrimSpace(ct) != "application/octet-stream" {
 		return nil, api.Errorf(http.StatusUnsupportedMediaType, "The request media type %s is not supported by this server.", ct)
 	}
+	// Stored data is charged to its owner (the operator's public images
+	// excepted): billing is asked first, as for every charge a call starts.
+	if img.Visibility != Public && s.gate != nil {
+		if err := s.gate.CanSpend(r.Context(), img.Owner); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.beginUpload(r.Context(), img); err != nil {
 		return nil, err
 	}

@@ -48,6 +48,18 @@ type Image struct {
 // HasData reports whether image data has been stored.
 func (img *Image) HasData() bool { return img.Checksum != "" }
 
+// SpendGate is what the image service asks before a project stores image
+// data, which is charged per GB-hour: billing answers an error (an
+// *api.Error 403 with the reason) while the project's account is below its
+// credit limit.
+type SpendGate interface {
+	CanSpend(ctx context.Context, project string) error
+}
+
+// SetSpendGate connects billing's gate; without one, uploads are never
+// refused for money.
+func (s *Service) SetSpendGate(g SpendGate) { s.gate = g }
+
 // Image statuses (glance/api/v2/images.py get_base_properties).
 const (
 	StatusQueued      = "queued"
@@ -68,6 +80,7 @@ const (
 type Service struct {
 	db      *store.DB
 	dataDir string
+	gate    SpendGate // asked before a customer stores data; nil: never
 }
 
 // New makes the image service; image data lives under dataDir.
