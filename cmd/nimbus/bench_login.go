@@ -27,7 +27,7 @@ func benchLoginAttack(attackers int, d time.Duration) error {
 		name string
 		args []string
 	}{
-		{"no limits, a hash per request (as before)", []string{"--password-hashes", strconv.Itoa(attackers),
+		{"a hash slot per attacker, no throttle or lockout", []string{"--password-hashes", strconv.Itoa(attackers),
 			"--login-failures-per-ip", "0", "--lockout-failure-attempts", "0"}},
 		{"defaults", nil},
 		{"no per-address throttle", []string{"--login-failures-per-ip", "0"}},

@@ -95,6 +95,45 @@ func (s *Service) withHashSlot(ctx context.Context, f func() error) error {
 	return f()
 }
 
+// turn is one user's place in the password-check queue: one check per
+// user at a time, so that a flood of guesses at one account queues behind
+// itself, holding at most one hash slot, and every other user's login
+// still finds a slot soon.
+type turn struct {
+	ch      chan struct{} // holds a token while a check for the user runs
+	waiting int           // requests holding or waiting for it; under turnMu
+}
+
+// userTurn waits for userID's turn to have a password checked and returns
+// the function that ends it; waiting ends with the request.
+func (s *Service) userTurn(ctx context.Context, userID string) (func(), error) {
+	s.turnMu.Lock()
+	t := s.turns[userID]
+	if t == nil {
+		if s.turns == nil {
+			s.turns = map[string]*turn{}
+		}
+		t = &turn{ch: make(chan struct{}, 1)}
+		s.turns[userID] = t
+	}
+	t.waiting++
+	s.turnMu.Unlock()
+	leave := func() {
+		s.turnMu.Lock()
+		if t.waiting--; t.waiting == 0 {
+			delete(s.turns, userID)
+		}
+		s.turnMu.Unlock()
+	}
+	select {
+	case t.ch <- struct{}{}:
+		return func() { <-t.ch; leave() }, nil
+	case <-ctx.Done():
+		leave()
+		return nil, retryLater(http.StatusServiceUnavailable, time.Second, "The service is busy checking passwords; retry later.")
+	}
+}
+
 // hashPassword is HashPassword under a hash slot.
 func (s *Service) hashPassword(ctx context.Context, pw string) (hash string, err error) {
 	err = s.withHashSlot(ctx, func() error { hash = HashPassword(pw); return nil })

@@ -113,6 +113,26 @@ func TestPasswordHashBound(t *testing.T) {
 	})
 }
 
+// TestOneUserAtATime: guesses at one account are checked one at a time, so
+// that a flood at one user holds a single hash slot and the others stay
+// free for everyone else's logins.
+func TestOneUserAtATime(t *testing.T) {
+	e := newEnv(t, "", withLimits(identity.Limits{PasswordHashes: 4}))
+	e.client.Transport.(*http.Transport).MaxIdleConnsPerHost = 32
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.do(t, "POST", "/auth/tokens", "", passwordAuth("demo", "wrong", ""))
+		}()
+	}
+	wg.Wait()
+	if _, peak := e.c.Identity.PasswordHashes(); peak != 1 {
+		t.Errorf("32 guesses at one user ran %d hashes at once, want 1", peak)
+	}
+}
+
 // TestTokenIssueRate: a user issued tokens faster than its bucket allows
 // gets Keystone-shaped 429s with Retry-After, re-scoping included.
 func TestTokenIssueRate(t *testing.T) {

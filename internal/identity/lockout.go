@@ -38,6 +38,11 @@ func (s *Service) passwordLogin(ctx context.Context, addr string, find func() (*
 		s.addressFailed(addr)
 		return nil, err
 	}
+	done, err := s.userTurn(ctx, user.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	ok := false
 	failures := 0
 	err = s.withHashSlot(ctx, func() error {

@@ -41,6 +41,8 @@ type Service struct {
 	limitMu   sync.Mutex    // guards failures and buckets
 	failures  *lru[*failureLog]
 	buckets   *lru[*bucket]
+	turnMu    sync.Mutex       // guards turns
+	turns     map[string]*turn // by user id: whose password check runs
 }
 
 // New makes the identity service on db, limiting only password hashes (see
