@@ -66,7 +66,12 @@ Billing commands:
 Host commands:
   token [--ttl 24h]                   print a one-time token that enrols a host agent
                                       (nimbus agent --token)
-  list                                the hypervisor hosts: agent, up or down, last seen, servers
+  list                                the hypervisor hosts: agent, up or down, enabled or disabled,
+                                      last seen, servers
+  disable <host> [--reason TEXT]      take no new servers there (compute service set --disable)
+  enable <host>                       take new servers there again
+  remove <host>                       forget a drained host and its compute service (compute
+                                      service delete); refused while servers live there
 
 Image commands:
   import <file> [--name NAME] [--disk-format qcow2|raw|iso|aki|ari] [--property k=v ...]
@@ -137,7 +142,7 @@ var adminCommands = map[string]adminCommand{
 		help: "Approves a pending trial: the credit is spent before the rest of the balance until the end date.",
 		setup: func(a *adminRun, fs *flag.FlagSet) func(context.Context, []string) error {
 			credit := fs.String("credit", "", "the trial's credit, an <amount> (required)")
-			until := fs.String("until", "", "last day of the trial, 2006-01-02 (through its end, UTC), or an RFC 3339 time (required)")
+			until := fs.String("until", "", "last day of the trial, 2006-01-02 (through 23:59:59 UTC of that day), or an RFC 3339 time (required)")
 			return func(ctx context.Context, args []string) error { return a.approveTrial(ctx, args[0], *credit, *until) }
 		}},
 	"trials decline": {args: "<id> --reason TEXT", nargs: 1,
@@ -489,7 +494,8 @@ func (a *adminRun) run(ctx context.Context, _ []string) error {
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "hours processed\t%s\n", hours)
 	fmt.Fprintf(w, "charges inserted\t%d\n", total.Charges)
-	fmt.Fprintf(w, "amount\t%s %s\n", money(total.Amount), a.bcfg.Currency)
+	// What the inserted rows took from balances: the ledger holds them negated.
+	fmt.Fprintf(w, "amount charged\t%s %s\n", money(total.Amount), a.bcfg.Currency)
 	return w.Flush()
 }
 
@@ -497,17 +503,19 @@ func (a *adminRun) accounts(ctx context.Context, _ []string) error {
 	if err := a.open(ctx); err != nil {
 		return err
 	}
-	accts, err := a.svc.Accounts(ctx)
-	if err != nil {
-		return err
-	}
 	projects, err := identity.New(a.db).Projects(ctx)
 	if err != nil {
 		return err
 	}
 	names := map[string]string{}
-	for _, p := range projects {
-		names[p.ID] = p.Name
+	ids := make([]string, len(projects))
+	for i, p := range projects {
+		names[p.ID], ids[i] = p.Name, p.ID
+	}
+	// Every project has an account from its creation, billed or not.
+	accts, err := a.svc.Accounts(ctx, ids)
+	if err != nil {
+		return err
 	}
 	type named struct {
 		billing.Account
@@ -517,16 +525,19 @@ func (a *adminRun) accounts(ctx context.Context, _ []string) error {
 	rows := make([][]string, len(accts))
 	for i, ac := range accts {
 		out[i] = named{ac, names[ac.ProjectID]}
-		trial := "-"
+		trial, ends := "-", "-"
 		if ac.TrialEndsAt != nil {
-			trial = money(ac.TrialCredit) + " until " + ac.TrialEndsAt.Format(time.RFC3339)
+			trial, ends = money(ac.TrialCredit), ac.TrialEndsAt.UTC().Format(time.RFC3339)
 		}
-		rows[i] = []string{ac.ProjectID, orDash(names[ac.ProjectID]), money(ac.Balance), money(ac.CreditLimit), ac.Currency, trial}
+		rows[i] = []string{ac.ProjectID, orDash(names[ac.ProjectID]), money(ac.PaidBalance), trial, ends,
+			money(ac.Balance), money(ac.CreditLimit), ac.Currency}
 	}
 	if a.json {
 		return a.printJSON(map[string]any{"accounts": out})
 	}
-	return a.table([]string{"PROJECT ID", "NAME", "BALANCE", "CREDIT LIMIT", "CURRENCY", "TRIAL CREDIT"}, rows)
+	// The balance spends trial credit first: show both parts and their sum.
+	return a.table([]string{"PROJECT ID", "NAME", "PAID BALANCE", "TRIAL CREDIT", "TRIAL ENDS", "BALANCE (PAID+TRIAL)",
+		"CREDIT LIMIT", "CURRENCY"}, rows)
 }
 
 func orDash(s string) string {
@@ -748,11 +759,12 @@ func (a *adminRun) approveTrial(ctx context.Context, id, creditArg, untilArg str
 	return a.printTrial(t)
 }
 
-// parseUntil reads --until: a date means through that day (UTC), so the
-// trial ends as the next day starts; else an RFC 3339 time.
+// parseUntil reads --until: a date means through that day, so the trial
+// ends at its last second, 23:59:59 UTC, which is how it is shown back;
+// else an RFC 3339 time.
 func parseUntil(s string) (time.Time, error) {
 	if d, err := time.Parse(time.DateOnly, s); err == nil {
-		return d.AddDate(0, 0, 1), nil
+		return d.AddDate(0, 0, 1).Add(-time.Second), nil
 	}
 	t, err := time.Parse(time.RFC3339, s)
 	if err != nil {
@@ -792,7 +804,7 @@ func (a *adminRun) printTrial(t *billing.Trial) error {
 	switch t.Status {
 	case billing.TrialApproved:
 		_, err := fmt.Fprintf(a.stdout, "trial %s of project %s approved: %s %s until %s\n", t.ID, t.ProjectID,
-			money(t.Credit), a.bcfg.Currency, t.EndsAt.Format(time.RFC3339))
+			money(t.Credit), a.bcfg.Currency, t.EndsAt.UTC().Format(time.RFC3339))
 		return err
 	default:
 		_, err := fmt.Fprintf(a.stdout, "trial %s of project %s %s: %s\n", t.ID, t.ProjectID, t.Status, t.Reason)

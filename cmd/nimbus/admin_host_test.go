@@ -1,16 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/services"
+
+	"nimbus/internal/cloud"
 	"nimbus/internal/driver"
 	"nimbus/internal/fleet"
 	"nimbus/internal/fleet/wire"
 	"nimbus/internal/store/storetest"
+	"nimbus/internal/testenv"
 )
 
 // TestAdminHosts: "host token" prints a one-time token that enrols an
@@ -76,6 +83,142 @@ func TestAdminHosts(t *testing.T) {
 			{[]string{"host", "list", "--down-after", "-1s"}, "--down-after must be positive"},
 			{[]string{"host", "frobnicate"}, `unknown command "frobnicate"`},
 			{[]string{"host", "token", "--billing-currency", "EUR"}, "flag provided but not defined"},
+		} {
+			if out, err := f.admin(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) || out != "" {
+				t.Errorf("nimbus admin %v: %q %v, want an error containing %q", c.args, out, err, c.want)
+			}
+		}
+	})
+}
+
+// TestAdminHostLifecycle: "host disable|enable|remove" and the compute API's
+// service set and delete are one state, seen both ways; remove is refused
+// while a server lives on the host and goes through once it is drained.
+func TestAdminHostLifecycle(t *testing.T) {
+	clearOpenStackEnv(t)
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		c := testenv.StartCloud(t, dbURL)
+		ctx := context.Background()
+		f := &adminFixture{db: c.DB, flags: []string{"--data-dir", c.Config.DataDir}}
+		if dbURL != "" {
+			f.flags = []string{"--database-url", dbURL}
+		}
+		sc := testenv.Compute(t, testenv.Provider(t, c, cloud.AdminUser), "2.53")
+		service := func(host string) *services.Service {
+			t.Helper()
+			pages, err := services.List(sc, services.ListOpts{Host: host, Binary: "nova-compute"}).AllPages(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := services.ExtractServices(pages)
+			if err != nil || len(l) > 1 {
+				t.Fatalf("services of %s: %+v %v", host, l, err)
+			}
+			if len(l) == 0 {
+				return nil
+			}
+			return &l[0]
+		}
+		listed := func(host string) *hostRow {
+			t.Helper()
+			var list struct {
+				Hosts []hostRow `json:"hosts"`
+			}
+			f.adminJSON(t, &list, "host", "list")
+			for _, h := range list.Hosts {
+				if h.Name == host {
+					return &h
+				}
+			}
+			return nil
+		}
+
+		// admin → compute API.
+		if out, err := f.admin(t, "host", "disable", "fake-host-1", "--reason", "new disks"); err != nil || out != "fake-host-1: disabled\n" {
+			t.Fatalf("host disable: %q %v", out, err)
+		}
+		if s := service("fake-host-1"); s.Status != "disabled" || s.DisabledReason != "new disks" {
+			t.Fatalf("compute service after host disable: %+v", s)
+		}
+		if h := listed("fake-host-1"); h.Status != "disabled" || h.DisabledReason != "new disks" {
+			t.Fatalf("host list after host disable: %+v", h)
+		}
+		if _, err := f.admin(t, "host", "enable", "fake-host-1"); err != nil {
+			t.Fatal(err)
+		}
+		if s := service("fake-host-1"); s.Status != "enabled" || s.DisabledReason != "" {
+			t.Fatalf("compute service after host enable: %+v", s)
+		}
+
+		// compute API → admin.
+		s2 := service("fake-host-2")
+		if _, err := services.Update(ctx, sc, s2.ID, services.UpdateOpts{Status: services.ServiceDisabled, DisabledReason: "fan"}).Extract(); err != nil {
+			t.Fatal(err)
+		}
+		if h := listed("fake-host-2"); h.Status != "disabled" || h.DisabledReason != "fan" {
+			t.Fatalf("host list after compute service set --disable: %+v", h)
+		}
+		table, err := f.admin(t, "host", "list")
+		if err != nil || !strings.Contains(table, "STATUS") || !strings.Contains(table, "disabled (fan)") {
+			t.Fatalf("host list table:\n%s%v", table, err)
+		}
+
+		// remove: refused while a server lives there, then done.
+		var imageID string
+		if err := c.DB.QueryRow(ctx, "SELECT id FROM images WHERE name = 'Debian 12'").Scan(&imageID); err != nil {
+			t.Fatal(err)
+		}
+		hc := testenv.HTTPClient(t, c)
+		tok := testenv.Token(t, c, cloud.AdminUser)
+		resp, body := testenv.Do(t, hc, "POST", c.ComputeURL+"/servers", tok, fmt.Sprintf(
+			`{"server":{"name":"on3","imageRef":%q,"flavorRef":"3","networks":"none","host":"fake-host-3"}}`, imageID),
+			"OpenStack-API-Version", "compute 2.74")
+		testenv.MustStatus(t, resp, body, 202)
+		var created struct {
+			Server struct{ ID string } `json:"server"`
+		}
+		if err := json.Unmarshal([]byte(body), &created); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := f.admin(t, "host", "remove", "fake-host-3"); err == nil || !strings.Contains(err.Error(), "still has servers") {
+			t.Fatalf("remove with a server: %q %v", out, err)
+		}
+		if service("fake-host-3") == nil || listed("fake-host-3") == nil {
+			t.Fatal("a refused remove removed something")
+		}
+		resp, body = testenv.Do(t, hc, "DELETE", c.ComputeURL+"/servers/"+created.Server.ID, tok, "")
+		testenv.MustStatus(t, resp, body, 204)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			resp, body = testenv.Do(t, hc, "GET", c.ComputeURL+"/servers/"+created.Server.ID, tok, "")
+			if resp.StatusCode == 404 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("server not deleted: %d %s", resp.StatusCode, body)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		var stderr bytes.Buffer
+		if err := runAdmin(ctx, append([]string{"host", "remove", "fake-host-3"}, f.flags...), io.Discard, &stderr); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(stderr.String(), "will register it again") {
+			t.Errorf("no warning that the live agent presents the host: %q", stderr.String())
+		}
+		if service("fake-host-3") != nil || listed("fake-host-3") != nil {
+			t.Fatal("fake-host-3 still a compute service or a listed host after host remove")
+		}
+
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"host", "remove", "nowhere"}, `no host "nowhere"`},
+			{[]string{"host", "enable", "nowhere"}, `no compute service for host "nowhere"`},
+			{[]string{"host", "disable"}, "want <host>"},
+			{[]string{"host", "disable", "fake-host-1", "--reason", strings.Repeat("x", 256)}, "at most 255 bytes"},
+			{[]string{"host", "disable", "fake-host-1", "--reason", "\xff"}, "valid UTF-8"},
 		} {
 			if out, err := f.admin(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) || out != "" {
 				t.Errorf("nimbus admin %v: %q %v, want an error containing %q", c.args, out, err, c.want)

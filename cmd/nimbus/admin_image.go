@@ -30,6 +30,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/tokens"
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/imagedata"
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
+	"golang.org/x/sys/unix"
 )
 
 // imageCommands are "nimbus admin image …": the image service, through the
@@ -579,14 +580,21 @@ type progressBar struct {
 }
 
 func newProgressBar(w io.Writer, total int64) *progressBar {
-	b := &progressBar{w: w, total: total, now: time.Now}
-	if f, ok := w.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			b.tty = true
-		}
-	}
+	b := &progressBar{w: w, tty: isTerminal(w), total: total, now: time.Now}
 	b.start = b.now()
 	return b
+}
+
+// isTerminal tells whether w is a terminal. A character device is not
+// enough: /dev/null, a serial line or a pipe-backed log is one too, and there
+// every redraw would be a line of its own.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 func (b *progressBar) update(sent int64) {

@@ -524,3 +524,29 @@ func TestImageUploadBody(t *testing.T) {
 			gotLen, gotTE, gotSum, body.sum(), size, sum)
 	}
 }
+
+// TestIsTerminal: a character device that is not a terminal, such as
+// /dev/null, gets the per-tenth lines, not a redraw ten times a second.
+func TestIsTerminal(t *testing.T) {
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	file, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	for name, w := range map[string]io.Writer{"/dev/null": null, "a file": file, "a buffer": &bytes.Buffer{}} {
+		if isTerminal(w) {
+			t.Errorf("%s is taken for a terminal", name)
+		}
+	}
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		defer tty.Close()
+		if !isTerminal(tty) {
+			t.Error("/dev/tty is not taken for a terminal")
+		}
+	}
+}

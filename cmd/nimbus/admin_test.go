@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -156,6 +157,69 @@ func TestAdminBillingRunTwice(t *testing.T) {
 		out, err := f.admin(t, "billing", "run")
 		if err != nil || !strings.Contains(out, "charges inserted  0") || !strings.Contains(out, "0.00 RUB") {
 			t.Fatalf("table output of a third run: %v\n%s", err, out)
+		}
+	})
+}
+
+// TestAdminBillingRunAmountIsLedger: a run's summary is what the ledger
+// got, also when a pass re-inserts an hour already charged beside a new
+// row (a resize within the hour).
+func TestAdminBillingRunAmountIsLedger(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		f := newAdminFixture(t, dbURL)
+		ctx := context.Background()
+		awayFromHourEnd(t)
+		spec := func(vcpus int64) error {
+			return f.db.Tx(ctx, func(tx *store.Tx) error {
+				return metering.Set(ctx, tx, metering.KindServer, "srv-1", f.p1,
+					&metering.Spec{VCPUs: vcpus, RAMMB: 2048, DiskGB: 20, DiskType: "local"}, time.Now().Add(-time.Minute))
+			})
+		}
+		ledger := func() int64 {
+			var sum int64
+			if err := f.db.QueryRow(ctx, "SELECT COALESCE(SUM(amount), 0) FROM billing_ledger WHERE kind = 'charge'").Scan(&sum); err != nil {
+				t.Fatal(err)
+			}
+			return sum
+		}
+		for i, vcpus := range []int64{2, 4, 8} {
+			if err := spec(vcpus); err != nil {
+				t.Fatal(err)
+			}
+			before := ledger()
+			if i == 1 {
+				out, err := f.admin(t, "billing", "run")
+				want := fmt.Sprintf("amount charged    %s RUB", money(before-ledger()))
+				if err != nil || !strings.Contains(out, want) || ledger() == before {
+					t.Fatalf("run %d printed (%v)\n%s\nwant %q", i, err, out, want)
+				}
+				continue
+			}
+			var res struct {
+				Charges int
+				Amount  int64
+			}
+			f.adminJSON(t, &res, "billing", "run")
+			if got := before - ledger(); res.Charges != 1 || res.Amount != got || got <= 0 {
+				t.Fatalf("run %d = %+v, the ledger got %d", i, res, -got)
+			}
+		}
+	})
+}
+
+// TestAdminBillingAccountsEveryProject: a project nothing billed yet is
+// listed with the account it has from its creation.
+func TestAdminBillingAccountsEveryProject(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		f := newAdminFixture(t, dbURL)
+		for _, p := range []string{f.p1, f.p2} {
+			if a := f.account(t, p); a.Balance != 0 || a.PaidBalance != 0 || a.CreditLimit != 0 || a.Currency != "RUB" {
+				t.Fatalf("new project's account = %+v", a)
+			}
+		}
+		out, err := f.admin(t, "billing", "accounts")
+		if err != nil || !strings.Contains(out, f.p1+"  p1") || !strings.Contains(out, f.p2+"  p2") {
+			t.Fatalf("accounts table lacks a project: %v\n%s", err, out)
 		}
 	})
 }
@@ -346,9 +410,10 @@ func TestAdminTrials(t *testing.T) {
 		until := time.Now().UTC().AddDate(0, 1, 0).Format(time.DateOnly)
 		var approved struct{ Trial billing.Trial }
 		f.adminJSON(t, &approved, "billing", "trials", "approve", t1.ID, "--credit", "500.00", "--until", until)
+		// A date is through its last second, and shown back on that date.
 		if approved.Trial.Status != billing.TrialApproved || approved.Trial.Credit != 50000 ||
-			approved.Trial.EndsAt.Format(time.DateOnly) != time.Now().UTC().AddDate(0, 1, 1).Format(time.DateOnly) {
-			t.Fatalf("approved = %+v", approved.Trial)
+			approved.Trial.EndsAt.UTC().Format(time.RFC3339) != until+"T23:59:59Z" {
+			t.Fatalf("approved = %+v, want it to end %sT23:59:59Z", approved.Trial, until)
 		}
 		if _, err := f.admin(t, "billing", "trials", "decline", t2.ID, "--reason", "not for mining"); err != nil {
 			t.Fatal(err)
@@ -361,8 +426,16 @@ func TestAdminTrials(t *testing.T) {
 		if len(pending.Trials) != 0 {
 			t.Fatalf("pending after deciding both = %+v", pending.Trials)
 		}
-		if a := f.account(t, f.p1); a.Balance != 50000 || a.TrialCredit != 50000 || a.TrialEndsAt == nil {
-			t.Fatalf("account with a trial = %+v", a)
+		if _, err := f.admin(t, "billing", "credit", "p1", "20.00", "--reference", "paid"); err != nil {
+			t.Fatal(err)
+		}
+		if a := f.account(t, f.p1); a.Balance != 52000 || a.PaidBalance != 2000 || a.TrialCredit != 50000 || a.TrialEndsAt == nil {
+			t.Fatalf("account with a trial = %+v, want paid 2000 and trial credit 50000 apart", a)
+		}
+		out, err = f.admin(t, "billing", "accounts")
+		row := regexp.MustCompile(regexp.QuoteMeta(f.p1) + `\s+p1\s+20\.00\s+500\.00\s+` + until + `T23:59:59Z\s+520\.00\s`)
+		if err != nil || !strings.Contains(out, "PAID BALANCE") || !row.MatchString(out) {
+			t.Fatalf("accounts table, want p1 paid 20.00, trial 500.00 until %s, balance 520.00: %v\n%s", until, err, out)
 		}
 	})
 }

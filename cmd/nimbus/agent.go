@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -44,7 +45,7 @@ Flags:
 	fs.StringVar(&cfg.CACertFile, "ca-cert", os.Getenv("NIMBUS_CA_CERT"), "the CA that signed the controller's certificate (its data directory's ca.pem); default the system's roots (env NIMBUS_CA_CERT)")
 	fs.StringVar(&cfg.Token, "token", "", "one-time enrolment token, needed on first start only (prefer env NIMBUS_AGENT_TOKEN: flags show in ps)")
 	fs.StringVar(&cfg.DataDir, "data-dir", defaultAgentDataDir(), "directory for the agent's credential and journals (env NIMBUS_AGENT_DATA_DIR)")
-	fs.StringVar(&cfg.Name, "name", hostname, "how the operator sees this agent")
+	fs.StringVar(&cfg.Name, "name", "", "how the operator sees this agent, and the qemu driver's host name (default: this machine's host name, plus for the agent a short id kept in the data directory's "+agent.NameFile+")")
 	drv := fs.String("driver", "fake", "hypervisor driver: fake (a simulated host) or qemu (real VMs)")
 	var qf qemuFlags
 	qf.register(fs)
@@ -96,7 +97,7 @@ Flags:
 		if err != nil {
 			return err
 		}
-		o.DataDir, o.Name, o.IP, o.Zone, o.Log = cfg.DataDir, cfg.Name, *hostIP, *zone, cfg.Log
+		o.DataDir, o.Name, o.IP, o.Zone, o.Log = cfg.DataDir, cmp.Or(cfg.Name, hostname), *hostIP, *zone, cfg.Log
 		if o.IP == "" {
 			o.IP = firstAddress()
 		}

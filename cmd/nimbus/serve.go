@@ -14,6 +14,7 @@ import (
 	"nimbus/internal/billing"
 	"nimbus/internal/cloud"
 	"nimbus/internal/driver/fake"
+	"nimbus/internal/driver/qemu"
 	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
 	"nimbus/internal/scheduler"
@@ -152,15 +153,31 @@ func serve(args []string) error {
   volume    %s
   billing   %s
   agents    %s
+  console   %s
+  driver    %s
   CA file   %s
   clouds    %s  (clouds nimbus-admin and nimbus-demo)
 
 Try:
   export OS_CLIENT_CONFIG_FILE=%s
   openstack --os-cloud nimbus-demo server list
-`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.VolumeURL, c.BillingURL, c.AgentURL, c.CACertFile, c.CloudsFile, c.CloudsFile)
+`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.VolumeURL, c.BillingURL, c.AgentURL, c.ConsoleURL,
+		driverLine(c, cfg), c.CACertFile, c.CloudsFile, c.CloudsFile)
 	log.Info("nimbus started", "data_dir", cfg.DataDir, "identity", c.IdentityURL, "clouds_yaml", c.CloudsFile)
 	<-ctx.Done()
 	log.Info("nimbus stopping")
 	return c.Close()
+}
+
+// driverLine says what runs the servers: the local agent's driver and, for
+// qemu, its accelerator with the reason (a fall back from KVM to TCG
+// says why), or that hosts come from agents.
+func driverLine(c *cloud.Cloud, cfg cloud.Config) string {
+	if cfg.NoLocalAgent {
+		return "none here (--no-local-agent): hosts come from nimbus agent"
+	}
+	if accel, reason, ok := c.LocalAccel(); ok {
+		return fmt.Sprintf("qemu, %s (%s)", qemu.HypervisorType(accel), reason)
+	}
+	return "fake: a simulated fleet (--driver qemu for real VMs)"
 }

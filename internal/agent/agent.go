@@ -44,7 +44,7 @@ type Config struct {
 	DataDir string
 	// Token is the one-time enrolment token, needed only on first start.
 	Token string
-	// Name is how the operator sees the agent (default: the host name).
+	// Name is how the operator sees the agent (default: DefaultName).
 	Name string
 	// Driver runs the servers.
 	Driver driver.Driver
@@ -116,9 +116,6 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	if cfg.Name == "" {
-		cfg.Name, _ = os.Hostname()
-	}
 	c, err := newClient(cfg.ControllerURL, cfg.CACertFile)
 	if err != nil {
 		return nil, err
@@ -177,8 +174,27 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { defer a.wg.Done(); a.postLoop(ctx) }()
 	<-ctx.Done()
 	a.wg.Wait()
+	a.sayStopped()
 	a.log.Info("agent stopped")
 	return nil
+}
+
+// stopTimeout bounds telling the controller of a clean stop: a controller
+// that does not answer must not hold the agent's exit.
+const stopTimeout = 5 * time.Second
+
+// sayStopped tells the controller that the agent stops, so that its hosts
+// are down at once rather than after the controller's --down-after. A
+// controller that cannot be told finds out by the missing heartbeats.
+func (a *Agent) sayStopped() {
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	var resp wire.StopResponse
+	if err := a.c.do(ctx, "POST", wire.PathStop, stopTimeout, wire.StopRequest{Observed: time.Now().UnixNano()}, &resp); err != nil {
+		a.log.Warn("agent: could not tell the controller of the stop; its hosts go down after its --down-after", "error", err)
+		return
+	}
+	a.log.Info("agent: the controller marked its hosts down", "hosts", len(resp.Hosts))
 }
 
 // enrol trades the token for an identity and saves it. Network errors are
@@ -187,6 +203,13 @@ func (a *Agent) enrol(ctx context.Context) (Identity, error) {
 	if a.cfg.Token == "" {
 		return Identity{}, fmt.Errorf("agent: not enrolled yet (no %s in %s): give an enrolment token from \"nimbus admin host token\"",
 			IdentityFile, a.cfg.DataDir)
+	}
+	if a.cfg.Name == "" {
+		name, err := DefaultName(a.cfg.DataDir)
+		if err != nil {
+			return Identity{}, err
+		}
+		a.cfg.Name = name
 	}
 	bo := a.backoff()
 	for {

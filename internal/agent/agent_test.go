@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -251,8 +252,16 @@ func TestEnrolment(t *testing.T) {
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("identity file: %v %v", st, err)
 	}
+	// A clean stop put the host down at once.
+	if hs, _ := svc.Hosts(ctx); len(hs) != 1 || hs[0].Up || hs[0].Health != fleet.StoppedHealth {
+		t.Fatalf("hosts after a clean stop: %+v", hs)
+	}
 	cfg.Token = "" // spent; the saved credential is enough
 	start(t, cfg)
+	eventually(t, 10*time.Second, "host up again", func() bool {
+		hs, _ := svc.Hosts(ctx)
+		return len(hs) == 1 && hs[0].Up
+	})
 	if err := svc.Spawn(ctx, driver.Spec{ServerID: "s1", Host: "h1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -349,5 +358,26 @@ func TestReconnect(t *testing.T) {
 	}
 	if drv.n("s1") != 1 || drv.n("s2") != 1 {
 		t.Errorf("spawns %v", drv.spawns)
+	}
+}
+
+// TestDefaultName: an agent without --name is the machine's host name and
+// a short id, kept in its data directory: the same after a restart,
+// different for another agent on a machine of the same host name.
+func TestDefaultName(t *testing.T) {
+	host, _ := os.Hostname()
+	dir1, dir2 := t.TempDir(), t.TempDir()
+	n1, err := agent.DefaultName(dir1)
+	if err != nil || !strings.HasPrefix(n1, host+"-") || len(n1) != len(host)+7 {
+		t.Fatalf("default name %q %v", n1, err)
+	}
+	if again, err := agent.DefaultName(dir1); again != n1 || err != nil {
+		t.Fatalf("after a restart %q %v, want %q", again, err, n1)
+	}
+	if n2, err := agent.DefaultName(dir2); n2 == n1 || err != nil {
+		t.Fatalf("two agents both named %q (%v)", n2, err)
+	}
+	if st, err := os.Stat(filepath.Join(dir1, agent.NameFile)); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("name file %v %v", st, err)
 	}
 }

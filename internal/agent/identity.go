@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // Identity is what an enrolled agent keeps in DataDir/agent.json (mode
@@ -48,6 +51,36 @@ func SaveIdentity(dir string, id Identity) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
+}
+
+// NameFile keeps, in the data directory, the agent's default name.
+const NameFile = "agent-name"
+
+// DefaultName is the agent's name when none is given: the machine's host
+// name and a short random id, so that agents on machines with the same
+// host name differ to the operator. It is made once and kept in
+// DataDir/NameFile.
+func DefaultName(dir string) (string, error) {
+	path := filepath.Join(dir, NameFile)
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("agent: %w", err)
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "agent"
+	}
+	id := make([]byte, 3)
+	rand.Read(id)
+	name := host + "-" + hex.EncodeToString(id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("agent: data directory: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(name+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("agent: %w", err)
+	}
+	return name, nil
 }
 
 func notEnrolled(err error) bool { return errors.Is(err, os.ErrNotExist) }

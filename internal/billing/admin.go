@@ -16,19 +16,26 @@ import (
 // Accounts lists every account by project id, with its balance, credit
 // limit and open trial credit (Presentation is left out: it is for
 // customers). Balances come from allFunds: one scan of the ledger index.
-func (s *Service) Accounts(ctx context.Context) ([]Account, error) {
+// Each of the projects given that nothing billed yet is listed too, as the
+// account it has from its creation: nothing paid, the default credit limit.
+func (s *Service) Accounts(ctx context.Context, projects []string) ([]Account, error) {
 	books, err := s.allFunds(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Account, 0, len(books))
+	for _, p := range projects {
+		if _, ok := books[p]; !ok {
+			out = append(out, Account{ProjectID: p, CreditLimit: s.cfg.DefaultCreditLimit, Currency: s.cfg.Currency})
+		}
+	}
 	for p, b := range books {
 		if b.err != nil {
 			// One unreadable account must not hide every other.
 			s.cfg.Log.Error("billing: account left out of the list", "project", p, "error", b.err)
 			continue
 		}
-		out = append(out, Account{ProjectID: p, Balance: b.Balance, CreditLimit: b.CreditLimit, Currency: s.cfg.Currency})
+		out = append(out, Account{ProjectID: p, Balance: b.Balance, PaidBalance: b.Balance, CreditLimit: b.CreditLimit, Currency: s.cfg.Currency})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ProjectID < out[j].ProjectID })
 	// Few projects have an approved trial: read only theirs, after the
@@ -50,9 +57,7 @@ func (s *Service) Accounts(ctx context.Context) ([]Account, error) {
 		if err != nil {
 			return nil, err
 		}
-		if tr != nil {
-			out[i].TrialCredit, out[i].TrialEndsAt = tr.remaining, &tr.endsAt
-		}
+		out[i].setTrial(tr)
 	}
 	return out, nil
 }

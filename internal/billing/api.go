@@ -1,14 +1,19 @@
 package billing
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 
 	"nimbus/internal/api"
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -17,7 +22,7 @@ import (
 //	GET  /v1/account                           the caller's project account
 //	GET  /v1/ledger?limit=&marker=             its ledger, newest first
 //	POST /v1/topups                            {"topup": {"amount": N, "provider": "test"}}
-//	POST /v1/quotes                            {"quote": {configurator choice}}
+//	POST /v1/quotes                            {"quote": {flavor or configurator choice}}
 //	GET  /v1/prices                            the price list
 //	PUT  /v1/prices                            admin: change rates
 //	GET  /v1/accounts/{project}                admin: any account
@@ -208,8 +213,10 @@ func isCardNumber(s string) bool {
 	return true
 }
 
-// quoteRequest is a configurator choice on the wire: RAM in whole GB.
+// quoteRequest is a configurator choice on the wire: RAM in whole GB, or a
+// flavor (by id or name) in place of the server's parts.
 type quoteRequest struct {
+	Flavor     string `json:"flavor"`
 	VCPUs      int64  `json:"vcpus"`
 	RAMGB      int64  `json:"ram_gb"`
 	DiskType   string `json:"disk_type"`
@@ -219,12 +226,30 @@ type quoteRequest struct {
 	PublicIPv4 bool   `json:"public_ipv4"`
 	OSType     string `json:"os_type"`
 	Quantity   int64  `json:"quantity"`
-	// Tariff: "hourly" (default), for DurationHours when given, or
-	// "prepaid" for TermMonths.
+	// Tariff: "hourly" (default), for DurationHours (default one month),
+	// or "prepaid" for TermMonths.
 	Tariff        string `json:"tariff"`
 	TermMonths    int    `json:"term_months"`
 	DurationHours int64  `json:"duration_hours"`
 }
+
+// quoteParts are the fields that describe a server part by part; a flavor
+// replaces them all.
+var quoteParts = []string{"vcpus", "ram_gb", "disk_type", "disk_gb", "gpu_model", "gpu_count", "public_ipv4"}
+
+// quoteFields are all the fields of a quote.
+var quoteFields = append([]string{"flavor"}, append(quoteParts, "os_type", "quantity", "tariff", "term_months", "duration_hours")...)
+
+// FlavorSource finds a compute flavor for quotes: compute implements it.
+type FlavorSource interface {
+	// FlavorSpec is the metered spec of the flavor ref (an id or a name)
+	// that project may use; store.ErrNotFound when there is none.
+	FlavorSpec(ctx context.Context, project, ref string) (metering.Spec, error)
+}
+
+// SetFlavors connects the service that knows flavors; without it a quote
+// naming a flavor is refused.
+func (s *Service) SetFlavors(f FlavorSource) { s.flavors = f }
 
 func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
 	var raw json.RawMessage
@@ -235,27 +260,25 @@ func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
 	if err := api.Unmarshal(raw, &fields); err != nil {
 		return nil, err
 	}
-	if err := api.UnknownFields(fields, "vcpus", "ram_gb", "disk_type", "disk_gb", "gpu_model", "gpu_count",
-		"public_ipv4", "os_type", "quantity", "tariff", "term_months", "duration_hours"); err != nil {
+	if err := checkQuoteFields(fields); err != nil {
 		return nil, err
 	}
 	var qr quoteRequest
 	if err := api.Unmarshal(raw, &qr); err != nil {
 		return nil, err
 	}
-	if qr.RAMGB < 0 || qr.RAMGB > maxRAMMB/1024 {
-		return nil, api.BadRequest("ram_gb must be between 0 and %d", maxRAMMB/1024)
-	}
-	c := Choice{VCPUs: qr.VCPUs, RAMMB: qr.RAMGB * 1024, DiskType: qr.DiskType, DiskGB: qr.DiskGB,
-		GPUModel: qr.GPUModel, GPUCount: qr.GPUCount, PublicIPv4: qr.PublicIPv4, OSType: qr.OSType, Quantity: qr.Quantity}
-	if c.GPUModel != "" && c.GPUCount == 0 {
-		c.GPUCount = 1
+	c, err := s.quoteChoice(r, fields, qr)
+	if err != nil {
+		return nil, err
 	}
 	prices, err := loadPrices(r.Context(), s.db)
 	if err != nil {
 		return nil, err
 	}
 	q, err := prices.Quote(c, s.cfg.Currency, s.cfg.HoursPerMonth)
+	if err == nil && len(q.Items) == 0 {
+		err = fmt.Errorf("%w: the quote prices nothing: give a flavor, or vcpus, ram_gb, disk_gb, gpu_model or public_ipv4", ErrInvalid)
+	}
 	if err == nil {
 		q, err = prices.WithTariff(q, qr.Tariff, qr.TermMonths, qr.DurationHours)
 	}
@@ -273,6 +296,66 @@ func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
 		Quote
 		Presentation *Presentation `json:"presentation,omitempty"`
 	}{q, pr}}), nil
+}
+
+// checkQuoteFields refuses an unknown field naming the allowed ones, and a
+// flavor given together with the parts it replaces.
+func checkQuoteFields(fields map[string]json.RawMessage) error {
+	var unknown []string
+	for k := range fields {
+		if !slices.Contains(quoteFields, k) {
+			unknown = append(unknown, "'"+k+"'")
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return api.BadRequest("Unknown field %s in quote; the fields are %s.", strings.Join(unknown, ", "), strings.Join(quoteFields, ", "))
+	}
+	if _, ok := fields["flavor"]; !ok {
+		return nil
+	}
+	for _, k := range quoteParts {
+		if _, ok := fields[k]; ok {
+			return api.BadRequest("A quote takes a flavor or its parts, not both: %s comes from the flavor.", k)
+		}
+	}
+	return nil
+}
+
+// quoteChoice is the configurator choice a quote asks about: the parts it
+// gives, or those of its flavor.
+func (s *Service) quoteChoice(r *http.Request, fields map[string]json.RawMessage, qr quoteRequest) (Choice, error) {
+	if _, ok := fields["flavor"]; !ok {
+		if qr.RAMGB < 0 || qr.RAMGB > maxRAMMB/1024 {
+			return Choice{}, api.BadRequest("ram_gb must be between 0 and %d", maxRAMMB/1024)
+		}
+		c := Choice{VCPUs: qr.VCPUs, RAMMB: qr.RAMGB * 1024, DiskType: qr.DiskType, DiskGB: qr.DiskGB,
+			GPUModel: qr.GPUModel, GPUCount: qr.GPUCount, PublicIPv4: qr.PublicIPv4, OSType: qr.OSType, Quantity: qr.Quantity}
+		if c.GPUModel != "" && c.GPUCount == 0 {
+			c.GPUCount = 1
+		}
+		return c, nil
+	}
+	if qr.Flavor == "" || len(qr.Flavor) > 255 {
+		return Choice{}, api.BadRequest("flavor must be a flavor's id or name.")
+	}
+	if s.flavors == nil {
+		return Choice{}, api.BadRequest("Flavors cannot be quoted here: give vcpus, ram_gb and disk_gb.")
+	}
+	p, err := project(r) // flavors are open to projects
+	if err != nil {
+		return Choice{}, err
+	}
+	sp, err := s.flavors.FlavorSpec(r.Context(), p, qr.Flavor)
+	if errors.Is(err, store.ErrNotFound) {
+		return Choice{}, api.BadRequest("No flavor '%s': give the id or name of a flavor your project may use.", qr.Flavor)
+	}
+	if err != nil {
+		return Choice{}, err
+	}
+	c := ChoiceOf(metering.KindServer, sp)
+	c.OSType, c.Quantity = qr.OSType, qr.Quantity
+	return c, nil
 }
 
 // pricesBody is the price list; with a presentation currency it also names
@@ -423,5 +506,12 @@ func (s *Service) accountResponse(r *http.Request, project string) (*api.Respons
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusOK, map[string]any{"account": a}), nil
+	acc, err := s.Accruing(r.Context(), project)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, map[string]any{"account": struct {
+		*Account
+		Accrual
+	}{a, acc}}), nil
 }

@@ -118,8 +118,14 @@ func (s *Service) getUsage(r *http.Request) (*api.Response, error) {
 			return nil, err
 		}
 	}
-	return api.JSON(http.StatusOK, map[string]any{"usage": map[string]any{
-		"month": start.Format("2006-01"), "currency": s.cfg.Currency, "total": total, "resources": us}}), nil
+	body := map[string]any{"month": start.Format("2006-01"), "currency": s.cfg.Currency, "total": total, "resources": us}
+	// The hour now running is the current month's, not yet in its total.
+	if acc, err := s.Accruing(r.Context(), p); err != nil {
+		return nil, err
+	} else if !acc.Hour.Before(start) && acc.Hour.Before(start.AddDate(0, 1, 0)) {
+		body["accruing"], body["accruing_since"] = acc.Amount, acc.Hour
+	}
+	return api.JSON(http.StatusOK, map[string]any{"usage": body}), nil
 }
 
 func (s *Service) listNotices(r *http.Request) (*api.Response, error) {

@@ -136,8 +136,9 @@ type Service struct {
 	db        *store.DB
 	cfg       Config
 	providers map[string]PaymentProvider
-	suspender Suspender // shelves servers; nil: nothing is shelved
-	detacher  Detacher  // detaches public addresses; nil: nothing is detached
+	suspender Suspender    // shelves servers; nil: nothing is shelved
+	detacher  Detacher     // detaches public addresses; nil: nothing is detached
+	flavors   FlavorSource // prices flavors in quotes; nil: quotes take parts only
 	// crashHook, when set, runs inside each charging transaction after its
 	// inserts and before the commit: tests kill the process there.
 	crashHook func()

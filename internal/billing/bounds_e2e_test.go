@@ -99,7 +99,7 @@ func TestMoneyBounds(t *testing.T) {
 		if b := balance(); b >= -1 {
 			t.Fatalf("balance %d: the charges are not in it", b)
 		}
-		accounts, err := c.Billing.Accounts(ctx)
+		accounts, err := c.Billing.Accounts(ctx, nil)
 		if err != nil {
 			t.Fatalf("the operator's account list: %v", err)
 		}

@@ -2,7 +2,6 @@ package billing
 
 import (
 	"context"
-	"database/sql"
 	"math"
 	"strings"
 	"time"
@@ -458,19 +457,12 @@ func refName(pd *metering.Period) string {
 }
 
 // insert writes charges with one multi-row INSERT that skips those already
-// recorded. It answers how many rows were new and, when all were, their sum;
-// when some existed already the sum is not known here and 0 is answered
-// (Result.Amount is a report, the ledger is the record).
+// recorded. It answers how many rows were new and the sum they charged,
+// read back from the rows the INSERT returned, so a pass's report is what
+// the ledger got.
 func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, int64, error) {
-	var sum int64
-	for _, c := range part {
-		var err error
-		if sum, err = addMoney(sum, c.amount); err != nil {
-			return 0, 0, err
-		}
-	}
-	var res sql.Result
-	var err error
+	var q string
+	var args []any
 	if tx.Dialect() == store.Postgres {
 		// One array per column: eight parameters however many rows, which
 		// spares pgx encoding thousands of placeholders.
@@ -484,13 +476,14 @@ func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, in
 			cols[3][i], cols[4][i], cols[5][i], cols[6][i] = c.resource, store.FormatTime(c.hour), p.createdAt, c.ref
 			amounts[i] = -c.amount
 		}
-		res, err = tx.Exec(ctx, `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
+		q = `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
  SELECT * FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[])
- ON CONFLICT DO NOTHING`, cols[0], cols[1], cols[2], amounts, cols[3], cols[4], cols[5], cols[6])
+ ON CONFLICT DO NOTHING RETURNING amount`
+		args = []any{cols[0], cols[1], cols[2], amounts, cols[3], cols[4], cols[5], cols[6]}
 	} else {
 		var b strings.Builder
 		b.WriteString("INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference) VALUES ")
-		args := make([]any, 0, len(part)*8)
+		args = make([]any, 0, len(part)*8)
 		for i, c := range part {
 			if i > 0 {
 				b.WriteString(", ")
@@ -498,20 +491,27 @@ func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, in
 			b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
 			args = append(args, newID(), c.project, KindCharge, -c.amount, c.resource, store.FormatTime(c.hour), p.createdAt, c.ref)
 		}
-		b.WriteString(" ON CONFLICT DO NOTHING")
-		res, err = tx.Exec(ctx, b.String(), args...)
+		b.WriteString(" ON CONFLICT DO NOTHING RETURNING amount")
+		q = b.String()
 	}
+	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return 0, 0, err
 	}
-	k, err := res.RowsAffected()
-	if err != nil {
-		return 0, 0, err
+	defer rows.Close()
+	var n int
+	var sum int64
+	for rows.Next() {
+		var a int64
+		if err := rows.Scan(&a); err != nil {
+			return 0, 0, err
+		}
+		n++
+		if sum, err = addMoney(sum, -a); err != nil {
+			return 0, 0, err
+		}
 	}
-	if int(k) != len(part) {
-		sum = 0 // some were charged before; the amount of the new ones is unknown here
-	}
-	return int(k), sum, nil
+	return n, sum, rows.Err()
 }
 
 // hourly is the price for one hour of a resource of kind and spec (text:

@@ -20,10 +20,13 @@ const (
 )
 
 // Account is a project's billing account. Balance is the sum of its ledger
-// entries, computed when read.
+// entries, computed when read: PaidBalance plus TrialCredit.
 type Account struct {
-	ProjectID   string `json:"project_id"`
-	Balance     int64  `json:"balance"`
+	ProjectID string `json:"project_id"`
+	Balance   int64  `json:"balance"`
+	// PaidBalance is Balance without the trial credit: the customer's own
+	// money (top-ups, credits, adjustments, less charges).
+	PaidBalance int64  `json:"paid_balance"`
 	CreditLimit int64  `json:"credit_limit"`
 	Currency    string `json:"currency"`
 	// TrialCredit is what is left of an approved trial's credit (part of
@@ -67,14 +70,24 @@ func (s *Service) Account(ctx context.Context, project string) (*Account, error)
 	if err != nil {
 		return nil, err
 	}
-	if tr != nil {
-		a.TrialCredit, a.TrialEndsAt = tr.remaining, &tr.endsAt
-	}
-	a.Presentation, err = s.present(map[string]int64{"balance": a.Balance, "credit_limit": a.CreditLimit, "trial_credit": a.TrialCredit})
+	a.setTrial(tr)
+	a.Presentation, err = s.present(map[string]int64{"balance": a.Balance, "paid_balance": a.PaidBalance,
+		"credit_limit": a.CreditLimit, "trial_credit": a.TrialCredit})
 	if err != nil {
 		return nil, err
 	}
 	return a, nil
+}
+
+// setTrial shows tr's credit (nil: none) apart from the paid balance.
+func (a *Account) setTrial(tr *openTrial) {
+	a.PaidBalance = a.Balance
+	if tr == nil {
+		return
+	}
+	a.TrialCredit, a.TrialEndsAt = tr.remaining, &tr.endsAt
+	// Both are sums of ledger rows within MaxAmount: the difference fits.
+	a.PaidBalance = a.Balance - tr.remaining
 }
 
 // addEntry appends one non-charge entry in its own transaction, creating

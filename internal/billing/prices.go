@@ -180,10 +180,10 @@ type Quote struct {
 	Hourly        int64      `json:"hourly"`  // all servers, minor units per hour
 	Monthly       int64      `json:"monthly"` // Hourly × HoursPerMonth
 	HoursPerMonth int        `json:"hours_per_month"`
-	// The tariff: "hourly" (pay as you go, for DurationHours when given)
-	// or "prepaid" (TermMonths paid up front at DiscountBP off). Total is
-	// the whole term's or duration's price for all servers; 0 for hourly
-	// without a duration.
+	// The tariff: "hourly" (pay as you go, for DurationHours: one month of
+	// HoursPerMonth when not given) or "prepaid" (TermMonths paid up front
+	// at DiscountBP off). Total is the whole term's or duration's price for
+	// all servers.
 	Tariff        string `json:"tariff"`
 	TermMonths    int    `json:"term_months,omitempty"`
 	DiscountBP    int64  `json:"discount_bp,omitempty"`
@@ -201,8 +201,8 @@ const (
 const maxDurationHours = 10 * 366 * 24
 
 // WithTariff prices q's choice for a tariff: a prepaid term of months, as
-// BuyTerm charges it per server, or pay-as-you-go for hours (0: open
-// ended).
+// BuyTerm charges it per server, or pay-as-you-go for hours (0: one month
+// of q.HoursPerMonth, so that an hourly total is never an empty 0).
 func (p *PriceList) WithTariff(q Quote, tariff string, months int, hours int64) (Quote, error) {
 	switch tariff {
 	case "", TariffHourly:
@@ -211,6 +211,9 @@ func (p *PriceList) WithTariff(q Quote, tariff string, months int, hours int64) 
 		}
 		if hours < 0 || hours > maxDurationHours {
 			return q, fmt.Errorf("%w: duration_hours must be between 0 and %d", ErrInvalid, maxDurationHours)
+		}
+		if hours == 0 {
+			hours = int64(q.HoursPerMonth)
 		}
 		total, err := mulMoney(q.Hourly, hours)
 		if err != nil {

@@ -161,7 +161,7 @@ func TestWithTariff(t *testing.T) {
 		total   int64
 		wantErr error
 	}{
-		{"", 0, 0, 0, nil},
+		{"", 0, 0, base.Monthly, nil}, // no duration: one month of 720 hours
 		{"hourly", 0, 48, base.Hourly * 48, nil},
 		{"prepaid", 3, 0, each3 * 3, nil},
 		{"prepaid", 2, 0, 0, ErrUnpriced},

@@ -128,7 +128,9 @@ func TestTrialFlow(t *testing.T) {
 				insertCharge(t, db, "p-demo", fmt.Sprint("srv-", i), s.charge, clk.t)
 			}
 			a := accountOf(t, srv, "demo")
-			if a["trial_credit"] != s.trial || a["balance"] != s.balace || a["trial_ends_at"] != "2025-03-08T10:00:00Z" {
+			// The paid balance is shown apart: the balance less the trial.
+			if a["trial_credit"] != s.trial || a["balance"] != s.balace || a["paid_balance"] != s.balace-s.trial ||
+				a["trial_ends_at"] != "2025-03-08T10:00:00Z" {
 				t.Fatalf("after charge %d: %v, want trial %v balance %v", s.charge, a, s.trial, s.balace)
 			}
 			left, err := b.TrialRemaining(context.Background(), db, "p-demo", clk.t)

@@ -62,13 +62,22 @@ func (c *Cloud) bootstrap(ctx context.Context) error {
 	if err := c.Networks.Bootstrap(ctx); err != nil {
 		return fmt.Errorf("cloud: bootstrap networks: %w", err)
 	}
+	// Projects made before the project hook existed get their defaults
+	// now; EnsureDefaults is idempotent, so each start costs two lookups
+	// per project.
+	projects, err := c.Identity.Projects(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range projects {
+		if err := c.Networks.EnsureDefaults(ctx, p.ID); err != nil {
+			return fmt.Errorf("cloud: bootstrap network for %s: %w", p.Name, err)
+		}
+	}
 	for _, name := range []string{AdminProject, DemoProject} {
 		p, err := c.Identity.ProjectByName(ctx, name)
 		if err != nil {
 			return err
-		}
-		if err := c.Networks.EnsureDefaults(ctx, p.ID); err != nil {
-			return fmt.Errorf("cloud: bootstrap network for %s: %w", name, err)
 		}
 		var err2 error
 		switch name {

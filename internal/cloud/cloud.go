@@ -294,6 +294,9 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Images.SetSpendGate(c.Billing)
 	c.Networks = network.New(db)
 	c.Networks.SetSpendGate(c.Billing)
+	// A project made through Keystone gets its private network and
+	// default security group in the same transaction.
+	c.Identity.SetProjectHook(c.Networks)
 	c.Billing.SetDetacher(c.Networks)
 	c.Volumes = volume.New(volume.Config{DB: db, DataDir: filepath.Join(cfg.DataDir, "volumes"), Images: c.Images,
 		Log: cfg.Log.With("component", "volume"), Billing: c.Billing})
@@ -303,6 +306,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks,
 		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, ConsoleURL: c.ConsoleURL, Log: cfg.Log})
 	c.Billing.SetSuspender(c.Compute)
+	c.Billing.SetFlavors(c.Compute) // quotes by flavor
 	c.Fleet.SetPlacements(c.Compute)
 	c.Networks.SetServerOwner(c.Compute)
 	runCtx, cancel := context.WithCancel(context.Background())

@@ -54,12 +54,42 @@ func NewQEMUDriver(o QEMUOptions) (*qemu.Driver, error) {
 		return nil, fmt.Errorf("qemu: host inventory: %w", err)
 	}
 	h.GPUs = passthroughReady(h, o.Log)
+	logMemory(o.Log, h)
 	access := o.AccessHost
 	if access == "" {
 		access = h.IP
 	}
 	return qemu.New(qemu.Config{DataDir: dir, Accel: o.Accel, Host: h, Net: qemu.UserNet{AccessHost: access},
 		Sandbox: !o.NoSandbox, RunAs: o.RunAs, ConsoleListen: o.ConsoleListen, Log: o.Log})
+}
+
+// logMemory says how much memory the host offers, and why it is less than
+// the machine has when the kernel's NUMA nodes show less than /proc/meminfo:
+// a server's memory is claimed on NUMA nodes, so only what the nodes' own
+// meminfo shows can be offered (less --reserved-memory-mb).
+func logMemory(log *slog.Logger, h driver.Host) {
+	nodesMB, machineMB, err := host.MemoryTotals("/")
+	if err != nil {
+		log.Warn("qemu: cannot read the host's memory totals", "error", err)
+		return
+	}
+	log.Info("qemu: host memory", "offered_mb", h.MemoryMB, "numa_nodes", len(h.NUMANodes), "numa_nodes_mb", nodesMB,
+		"machine_mb", machineMB)
+	if nodesMB < machineMB*9/10 {
+		log.Warn("qemu: the NUMA nodes show less memory than the machine has; only theirs is offered, since servers' memory is claimed per node",
+			"numa_nodes_mb", nodesMB, "machine_mb", machineMB, "offered_mb", h.MemoryMB)
+	}
+}
+
+// LocalAccel is the local agent's QEMU accelerator and why it was chosen,
+// for the start banner; ok is false when the local agent is not qemu.
+func (c *Cloud) LocalAccel() (accel, reason string, ok bool) {
+	q, ok := c.localDriver.(*qemu.Driver)
+	if !ok {
+		return "", "", false
+	}
+	accel, reason = q.Accel()
+	return accel, reason, true
 }
 
 // passthroughReady is the GPUs of h that can be given to guests.

@@ -3,6 +3,7 @@ package compute
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"strconv"
@@ -90,7 +91,11 @@ func loadServices(ctx context.Context, q store.Querier) ([]*serviceRow, error) {
 
 // ensureServices registers a service for every fleet host and the
 // controller's scheduler and conductor. With revive (at start-up) a deleted
-// service comes back, as nova-compute re-registers when it restarts.
+// service comes back, as nova-compute re-registers when it restarts. With a
+// driver that forgets a host when its service is deleted (HostRemover, the
+// fleet), a deleted nova-compute service also comes back as soon as its
+// host is in the fleet again: an agent that registers the host again is a
+// nova-compute re-creating its service.
 func (s *Service) ensureServices(ctx context.Context, revive bool) error {
 	hosts, err := s.driver.Hosts(ctx)
 	if err != nil {
@@ -107,6 +112,8 @@ func (s *Service) ensureServicesFor(ctx context.Context, hosts []driver.Host, re
 	for _, h := range hosts {
 		wants = append(wants, want{h.Name, binCompute, cmpOr(h.Zone, "nova")})
 	}
+	_, reborn := s.driver.(HostRemover)
+	comesBack := func(binary string) bool { return revive || (reborn && binary == binCompute) }
 	if !revive {
 		// The cheap path for every scheduling call: nothing to do when
 		// each wanted service has a row. (Not a count: other controllers'
@@ -118,7 +125,8 @@ func (s *Service) ensureServicesFor(ctx context.Context, hosts []driver.Host, re
 		}
 		missing := false
 		for _, w := range wants {
-			missing = missing || !have[w.host+"\x00"+w.binary]
+			deleted, ok := have[w.host+"\x00"+w.binary]
+			missing = missing || !ok || (deleted && comesBack(w.binary))
 		}
 		if !missing {
 			return nil
@@ -131,7 +139,7 @@ func (s *Service) ensureServicesFor(ctx context.Context, hosts []driver.Host, re
 			var deleted int
 			err := tx.QueryRow(ctx, "SELECT deleted FROM compute_services WHERE host = ? AND binary_name = ?", w.host, w.binary).Scan(&deleted)
 			if err == nil {
-				if deleted != 0 && revive {
+				if deleted != 0 && comesBack(w.binary) {
 					if _, err := tx.Exec(ctx, "UPDATE compute_services SET deleted = 0, updated_at = ? WHERE host = ? AND binary_name = ?",
 						now, w.host, w.binary); err != nil {
 						return err
@@ -168,10 +176,10 @@ func (s *Service) ensureServicesFor(ctx context.Context, hosts []driver.Host, re
 	})
 }
 
-// serviceKeys answers the host and binary of every service row, deleted or
-// not, as host + "\x00" + binary.
+// serviceKeys answers whether every service row, by host + "\x00" +
+// binary, is deleted.
 func serviceKeys(ctx context.Context, q store.Querier) (map[string]bool, error) {
-	rows, err := q.Query(ctx, "SELECT host, binary_name FROM compute_services")
+	rows, err := q.Query(ctx, "SELECT host, binary_name, deleted FROM compute_services")
 	if err != nil {
 		return nil, err
 	}
@@ -179,10 +187,11 @@ func serviceKeys(ctx context.Context, q store.Querier) (map[string]bool, error) 
 	out := map[string]bool{}
 	for rows.Next() {
 		var host, bin string
-		if err := rows.Scan(&host, &bin); err != nil {
+		var deleted int
+		if err := rows.Scan(&host, &bin, &deleted); err != nil {
 			return nil, err
 		}
-		out[host+"\x00"+bin] = true
+		out[host+"\x00"+bin] = deleted != 0
 	}
 	return out, rows.Err()
 }
@@ -580,21 +589,7 @@ func (s *Service) deleteService(r *http.Request) (*api.Response, error) {
 			return err
 		}
 		if sv.Binary == binCompute {
-			usage, err := s.hostUsage(ctx, tx)
-			if err != nil {
-				return err
-			}
-			if usage[sv.Host].Servers > 0 {
-				return api.Conflict("Unable to delete compute service that is hosting instances. Migrate or delete the instances first.")
-			}
-			// The host leaves its aggregates too (nova services.py delete).
-			res, err := tx.Exec(ctx, "DELETE FROM compute_aggregate_hosts WHERE host = ?", sv.Host)
-			if err != nil {
-				return err
-			}
-			if n, _ := res.RowsAffected(); n > 0 {
-				s.aggregateHostsChanged(tx)
-			}
+			return s.removeHost(ctx, tx, sv.Host)
 		}
 		tx.AfterCommit(s.hosts.invalidate)
 		_, err = tx.Exec(ctx, "UPDATE compute_services SET deleted = 1, updated_at = ? WHERE id = ?", store.FormatTime(s.now()), sv.ID)
@@ -604,4 +599,104 @@ func (s *Service) deleteService(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	return api.Empty(http.StatusNoContent), nil
+}
+
+// errHostServers is Nova's answer to deleting a compute service that still
+// hosts servers.
+func errHostServers() error {
+	return api.Conflict("Unable to delete compute service that is hosting instances. Migrate or delete the instances first.")
+}
+
+// HostRemover is a driver that forgets a host when its compute service is
+// deleted, in the same transaction (the fleet); driver.ErrHostInUse
+// refuses it.
+type HostRemover interface {
+	RemoveHost(ctx context.Context, tx *store.Tx, host string) (bool, error)
+}
+
+// removeHost is deleteService for a nova-compute service: the service,
+// the host's aggregate memberships and the driver's host go together.
+func (s *Service) removeHost(ctx context.Context, tx *store.Tx, host string) error {
+	left, err := RemoveComputeHost(ctx, tx, host)
+	if err != nil {
+		return err
+	}
+	if left {
+		s.aggregateHostsChanged(tx)
+	}
+	tx.AfterCommit(s.hosts.invalidate)
+	if r, ok := s.driver.(HostRemover); ok {
+		if _, err := r.RemoveHost(ctx, tx, host); errors.Is(err, driver.ErrHostInUse) {
+			return errHostServers()
+		} else if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RemoveComputeHost deletes, in tx, a host's nova-compute service and its
+// aggregate memberships (nova services.py delete), refused with Nova's
+// 409 while servers are placed there. It tells whether the host left an
+// aggregate. "nimbus admin host remove" calls it beside the fleet's
+// RemoveHost; a running controller sees the change within hostCacheTTL.
+func RemoveComputeHost(ctx context.Context, tx *store.Tx, host string) (leftAggregates bool, err error) {
+	var servers int
+	err = tx.QueryRow(ctx, "SELECT servers FROM compute_host_usage WHERE host = ?", host).Scan(&servers)
+	if err != nil && !store.IsNoRows(err) {
+		return false, err
+	}
+	if servers > 0 {
+		return false, errHostServers()
+	}
+	res, err := tx.Exec(ctx, "DELETE FROM compute_aggregate_hosts WHERE host = ?", host)
+	if err != nil {
+		return false, err
+	}
+	n, _ := res.RowsAffected()
+	_, err = tx.Exec(ctx, "UPDATE compute_services SET deleted = 1, updated_at = ? WHERE host = ? AND binary_name = ? AND deleted = 0",
+		store.FormatTime(time.Now()), host, binCompute)
+	return n > 0, err
+}
+
+// HostStatus is a host's nova-compute service as "nimbus admin host"
+// shows and changes it.
+type HostStatus struct {
+	Disabled bool
+	Reason   string
+}
+
+// HostStatuses answers the status of every nova-compute service not
+// deleted, by host.
+func HostStatuses(ctx context.Context, q store.Querier) (map[string]HostStatus, error) {
+	svcs, err := loadServices(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]HostStatus{}
+	for _, sv := range svcs {
+		if sv.Binary == binCompute {
+			out[sv.Host] = HostStatus{Disabled: sv.Disabled, Reason: derefStr(sv.Reason)}
+		}
+	}
+	return out, nil
+}
+
+// SetHostStatus disables (with an optional reason) or enables a host's
+// nova-compute service, as PUT /os-services does; store.ErrNotFound when
+// the host has none. A running controller sees it within hostCacheTTL.
+func SetHostStatus(ctx context.Context, db *store.DB, host string, st HostStatus) error {
+	var reason *string
+	if st.Reason != "" {
+		reason = &st.Reason
+	}
+	res, err := db.Exec(ctx, "UPDATE compute_services SET disabled = ?, disabled_reason = ?, updated_at = ? WHERE host = ? AND binary_name = ? AND deleted = 0",
+		b2int(st.Disabled), reason, store.FormatTime(time.Now()), host, binCompute)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
 }

@@ -393,6 +393,10 @@ type Driver interface {
 // tries the same step again once the host is back.
 var ErrHostDown = errors.New("driver: host is down")
 
+// ErrHostInUse is returned when a host cannot be removed because VMs still
+// run on it.
+var ErrHostInUse = errors.New("driver: VMs still run on the host")
+
 type opKey struct{}
 
 // WithOpKey names the work a call does, so that a driver that runs work

@@ -59,6 +59,7 @@ func (s *Service) Handler() http.Handler {
 		wire.PathHeartbeat: {http.MethodPost, true, maxHeartbeatBody, s.handleHeartbeat},
 		wire.PathPoll:      {http.MethodPost, true, maxPollBody, s.handlePoll},
 		wire.PathResults:   {http.MethodPost, true, maxResultsBody, s.handleResults},
+		wire.PathStop:      {http.MethodPost, true, maxPollBody, s.handleStop},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {

@@ -322,8 +322,13 @@ func TestHostDown(t *testing.T) {
 			t.Fatal("host not back up")
 		}
 
-		// Silent: the agent stops while calls wait.
+		// Silent: the agent stops while calls wait, and its word that it
+		// stops is lost (as when it is killed): the hosts stay up until
+		// DownAfter passes without heartbeats.
 		stop()
+		if _, err := c.db.Exec(ctx, "UPDATE fleet_hosts SET up = 1, health = ''"); err != nil {
+			t.Fatal(err)
+		}
 		errs := make(chan error, 2)
 		go func() { errs <- c.svc.PowerOff(ctx, "s1", true) }()
 		go func() { errs <- c.svc.Reboot(driver.WithOpKey(ctx, "s1/reboot/r1"), "s1", true) }()

@@ -266,6 +266,30 @@ func (t tree) nodes(cpus []driver.CPU) ([]node, error) {
 	return nodes, nil
 }
 
+// MemoryTotals answers, under root, the memory the online NUMA nodes'
+// meminfo shows (what Discover offers, before the reserve) and the
+// machine's (/proc/meminfo), in MB: a host whose nodes show less offers
+// less than it has.
+func MemoryTotals(root string) (nodesMB, machineMB int, err error) {
+	t := tree(root)
+	kb, err := t.memTotalKB("proc/meminfo")
+	if err != nil {
+		return 0, 0, err
+	}
+	cpus, err := t.cpus()
+	if err != nil {
+		return 0, 0, err
+	}
+	nodes, err := t.nodes(cpus)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, n := range nodes {
+		nodesMB += n.memMB
+	}
+	return nodesMB, int(kb / 1024), nil
+}
+
 // memTotalKB finds the MemTotal line of a meminfo file: "MemTotal:  123 kB" in
 // /proc/meminfo, "Node 0 MemTotal:  123 kB" in a node's.
 func (t tree) memTotalKB(rel string) (int64, error) {

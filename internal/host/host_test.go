@@ -438,3 +438,25 @@ func TestRecordScript(t *testing.T) {
 		t.Errorf("/ recorded:\n%+v\nwant\n%+v", got, want)
 	}
 }
+
+// TestMemoryTotals: the nodes' memory and the machine's, which differ on a
+// VM whose node meminfo shows less than /proc/meminfo (the qemu driver
+// logs why it offers less than the machine has).
+func TestMemoryTotals(t *testing.T) {
+	for _, tc := range []struct {
+		root             string
+		nodes, machineMB int
+	}{
+		{"testdata/gpu-2socket", 2 * 262144, 524288},
+		{"testdata/amd-1node", 131900000 / 1024, 131900000 / 1024},
+		{"testdata/this-vm", 5597396 / 1024, 24684092 / 1024},
+	} {
+		nodes, machine, err := MemoryTotals(tc.root)
+		if err != nil || nodes != tc.nodes || machine != tc.machineMB {
+			t.Errorf("%s: nodes %d MB, machine %d MB (%v), want %d and %d", tc.root, nodes, machine, err, tc.nodes, tc.machineMB)
+		}
+	}
+	if _, _, err := MemoryTotals(t.TempDir()); err == nil {
+		t.Error("an empty tree has memory totals")
+	}
+}

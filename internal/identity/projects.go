@@ -130,7 +130,10 @@ func (s *Service) createProject(r *http.Request) (*api.Response, error) {
 			return err
 		}
 		tx.AfterCommit(s.cache.invalidate)
-		return insertProject(ctx, tx, p)
+		if err := insertProject(ctx, tx, p); err != nil || s.projectHook == nil {
+			return err
+		}
+		return s.projectHook.ProjectCreated(ctx, tx, p.ID)
 	})
 	if errors.Is(err, store.ErrConflict) {
 		return nil, conflict("project", p.Name, p.DomainID)

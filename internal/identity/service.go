@@ -43,7 +43,21 @@ type Service struct {
 	buckets   *lru[*bucket]
 	turnMu    sync.Mutex       // guards turns
 	turns     map[string]*turn // by user id: whose password check runs
+
+	projectHook ProjectHook // nil: nothing else to make with a project
 }
+
+// ProjectHook makes what every project has besides itself (its private
+// network and default security group); identity does not know those
+// services, so the controller wires one in with SetProjectHook.
+type ProjectHook interface {
+	// ProjectCreated runs in the transaction that inserts the project, so
+	// the project and its defaults are made together or not at all.
+	ProjectCreated(ctx context.Context, tx *store.Tx, projectID string) error
+}
+
+// SetProjectHook sets the hook each project create calls.
+func (s *Service) SetProjectHook(h ProjectHook) { s.projectHook = h }
 
 // New makes the identity service on db, limiting only password hashes (see
 // SetLimits).

@@ -249,12 +249,26 @@ func (s *Service) Bootstrap(ctx context.Context) error {
 // security group if it has none; it is idempotent.
 func (s *Service) EnsureDefaults(ctx context.Context, projectID string) error {
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
-		if _, err := ensureDefaultSG(ctx, tx, projectID); err != nil {
-			return err
-		}
-		_, err := ensurePrivateNet(ctx, tx, projectID)
+		_, err := ensureDefaults(ctx, tx, projectID)
 		return err
 	})
+}
+
+// ProjectCreated makes a new project's defaults in the transaction that
+// makes the project (identity.ProjectHook), so the README's promise of a
+// "private" network and a "default" group holds from its first request.
+func (s *Service) ProjectCreated(ctx context.Context, tx *store.Tx, projectID string) error {
+	_, err := ensureDefaults(ctx, tx, projectID)
+	return err
+}
+
+// ensureDefaults makes the project's "default" security group and
+// "private" network if missing and returns the network's id.
+func ensureDefaults(ctx context.Context, q store.Querier, projectID string) (string, error) {
+	if _, err := ensureDefaultSG(ctx, q, projectID); err != nil {
+		return "", err
+	}
+	return ensurePrivateNet(ctx, q, projectID)
 }
 
 // ensurePrivateNet makes the project's "private" network and subnet once;
@@ -347,11 +361,8 @@ func (s *Service) GetNetwork(ctx context.Context, projectID string, admin bool, 
 func (s *Service) AutoNetwork(ctx context.Context, projectID string) (*Network, error) {
 	var id string
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		if _, err := ensureDefaultSG(ctx, tx, projectID); err != nil {
-			return err
-		}
 		var err error
-		id, err = ensurePrivateNet(ctx, tx, projectID)
+		id, err = ensureDefaults(ctx, tx, projectID)
 		return err
 	})
 	if err != nil {

@@ -471,10 +471,53 @@ cli_admin() {
 	fails_with "demo cannot list hypervisors" "HTTP 403|403: Client Error|[Ff]orbidden" demo hypervisor list
 }
 
+# readme_block MARKER — the README's shell block after "<!-- walk-through:
+# MARKER -->", with the default ports changed to this run's.
+readme_block() {
+	python3 - "$ROOT/README.md" "$1" "5000=$ID_PORT" "8774=$CO_PORT" "8889=$BI_PORT" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"<!-- walk-through: " + re.escape(sys.argv[2]) + r" -->\n```sh\n(.*?)```", text, re.S)
+if not m:
+    sys.exit("README.md has no walk-through block " + sys.argv[2])
+block = m.group(1)
+for pair in sys.argv[3:]:
+    old, new = pair.split("=")
+    block = block.replace("https://127.0.0.1:%s/" % old, "https://127.0.0.1:%s/" % new)
+sys.stdout.write(block)
+PY
+}
+
+# cli_walkthrough runs the README's walk-through as written, on the fresh
+# data directory: the operator makes a project and a user with the CLI, and
+# that customer follows the steps from login to delete.
+cli_walkthrough() {
+	step "CLI: the README's walk-through (a freshly made project)"
+	local dir="$WORK/walk" script out
+	mkdir -p "$dir" && ln -s "$WORK/data" "$dir/nimbus-data" || return 1
+	script=$(readme_block operator && readme_block "customer login" && readme_block customer) ||
+		{ fail "README walk-through blocks" "readme_block" "three blocks" "$script"; return 1; }
+	if out=$(cd "$dir" && timeout $((WAIT * 4)) bash -e -o pipefail -c "$script" 2>&1); then
+		pass "README walk-through runs as written"
+	else
+		# the end of the output, where the failing command's error is
+		fail "README walk-through runs as written" "bash -e (README.md walk-through)" "exit 0" "… $(tail -c 1500 <<<"$out")"
+		return 1
+	fi
+	eq "walk-through: the new project's private network is listed" "openstack network list" 1 \
+		"$(grep -cE '\| private +\|' <<<"$out")"
+	eq "walk-through: the new project's default security group is listed" "openstack security group list" 1 \
+		"$(grep -cE '\| default +\| Default security group' <<<"$out")"
+	eq "walk-through: the top-up succeeds" "POST /v1/topups" 1 "$(grep -c '"status": *"succeeded"' <<<"$out")"
+	eq "walk-through: /access says how to log in" "GET /servers/{id}/access" 1 \
+		"$(grep -cE '"access":\[\{.*"port":[0-9]+.*"protocol":"ssh"' <<<"$out")"
+}
+
 if [[ "$RUN_CLI" == 1 ]]; then
 	cat >"$WORK/id.pub" <<'EOF'
 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIF5H51Un1TItWfK+t1rZJ6U5CttmKkG5+XE2t6IrQlby nimbus-integration
 EOF
+	cli_walkthrough || true
 	cli_basics || true
 	if [[ -n "$IMAGE_ID" && -n "$FLAVOR_ID" ]]; then
 		life default || true

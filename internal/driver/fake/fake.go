@@ -8,6 +8,7 @@ package fake
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -197,25 +199,28 @@ func Topology(h *driver.Host, sockets, cores, reserved int) {
 }
 
 // LoadFleet reads a fleet description (a JSON list of hosts) from a file.
-// A host without "up" in the file is up.
+// A host without "up" in the file is up. Keys are checked strictly: a
+// misspelt one ("disk" for "disk_gb") would otherwise give a host silently
+// without what it meant.
 func LoadFleet(path string) ([]driver.Host, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("fake: fleet: %w", err)
 	}
-	var raw []map[string]json.RawMessage
+	var raw []json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
-		return nil, fmt.Errorf("fake: fleet %s: %w", path, err)
+		return nil, fmt.Errorf("fake: fleet %s: want a JSON list of hosts: %w", path, err)
 	}
-	var hosts []driver.Host
-	if err := json.Unmarshal(b, &hosts); err != nil {
-		return nil, fmt.Errorf("fake: fleet %s: %w", path, err)
+	hosts := make([]driver.Host, len(raw))
+	for i, r := range raw {
+		up, err := decodeHost(r, &hosts[i])
+		if err != nil {
+			return nil, fmt.Errorf("fake: fleet %s: host %s: %w", path, hostLabel(r, i), err)
+		}
+		hosts[i].Up = hosts[i].Up || !up
 	}
 	seen := map[string]bool{}
 	for i := range hosts {
-		if _, ok := raw[i]["up"]; !ok {
-			hosts[i].Up = true
-		}
 		hosts[i].Normalize()
 		h := hosts[i]
 		if h.Name == "" {
@@ -230,6 +235,34 @@ func LoadFleet(path string) ([]driver.Host, error) {
 		}
 	}
 	return hosts, nil
+}
+
+// decodeHost decodes one host of a fleet file, refusing unknown keys (at
+// any depth: cpus, gpus and numa_nodes too), and tells whether it says "up".
+func decodeHost(r json.RawMessage, h *driver.Host) (hasUp bool, err error) {
+	dec := json.NewDecoder(bytes.NewReader(r))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(h); err != nil {
+		return false, err
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(r, &keys); err != nil {
+		return false, err
+	}
+	_, hasUp = keys["up"]
+	return hasUp, nil
+}
+
+// hostLabel names a fleet file's host for an error: its name when it has
+// one, else its place in the list.
+func hostLabel(r json.RawMessage, i int) string {
+	var h struct {
+		Name string `json:"name"`
+	}
+	if json.Unmarshal(r, &h) == nil && h.Name != "" {
+		return strconv.Quote(h.Name)
+	}
+	return "#" + strconv.Itoa(i+1)
 }
 
 // FailNext makes the next call of op (OpSpawn, OpPowerOff, …) fail with err

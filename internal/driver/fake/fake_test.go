@@ -253,15 +253,23 @@ func TestLoadFleet(t *testing.T) {
 	if err != nil || len(hosts) != 2 || !hosts[0].Up || hosts[1].Up || len(hosts[1].GPUs) != 1 {
 		t.Fatalf("%+v %v", hosts, err)
 	}
-	for name, body := range map[string]string{
-		"notjson": `{`, "noname": `[{"vcpus":1,"memory_mb":1}]`,
-		"dup":   `[{"name":"a","vcpus":1,"memory_mb":1},{"name":"a","vcpus":1,"memory_mb":1}]`,
-		"nocpu": `[{"name":"a","memory_mb":1}]`,
+	for _, c := range []struct{ name, body, want string }{
+		{"notjson", `{`, "want a JSON list of hosts"},
+		{"noname", `[{"vcpus":1,"memory_mb":1}]`, "host 1 has no name"},
+		{"dup", `[{"name":"a","vcpus":1,"memory_mb":1},{"name":"a","vcpus":1,"memory_mb":1}]`, `host "a" listed twice`},
+		{"nocpu", `[{"name":"a","memory_mb":1}]`, `host "a" needs vcpus`},
+		// A misspelt key is named with its host, not dropped silently.
+		{"disk", `[{"name":"ok","vcpus":1,"memory_mb":1},{"name":"hv-2","vcpus":8,"memory_mb":1024,"disk":100}]`,
+			`host "hv-2": json: unknown field "disk"`},
+		{"nested", `[{"name":"g","vcpus":8,"memory_mb":1024,"gpus":[{"address":"0000:01:00.0","modle":"L4"}]}]`,
+			`host "g": json: unknown field "modle"`},
+		{"unnamed", `[{"vcpu":8}]`, `host #1: json: unknown field "vcpu"`},
+		{"wrongtype", `[{"name":"t","vcpus":"8","memory_mb":1}]`, `host "t": json: cannot unmarshal string`},
 	} {
-		p := filepath.Join(dir, name)
-		os.WriteFile(p, []byte(body), 0o600)
-		if _, err := LoadFleet(p); err == nil {
-			t.Errorf("%s: accepted", name)
+		p := filepath.Join(dir, c.name)
+		os.WriteFile(p, []byte(c.body), 0o600)
+		if _, err := LoadFleet(p); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.want)
 		}
 	}
 }

@@ -243,6 +243,49 @@ func TestPortPool(t *testing.T) {
 	}
 }
 
+// TestPortPoolKeepsServerPort: a server placed again — unshelved, on another
+// pool (another host or a restarted agent) with the same range — gets the
+// port it had while that port is free; another server holding it moves it
+// elsewhere only until it is released.
+func TestPortPoolKeepsServerPort(t *testing.T) {
+	const lo, hi = 20000, 29999
+	for _, id := range []string{"0b6c3c52-4d1e-4a53-9a38-1f0c2b7e9d10", "a", "server-with-a-long-id-0000000000000000"} {
+		t.Run(id, func(t *testing.T) {
+			first := newPortPool(lo, hi, "127.0.0.1")
+			want, err := first.take(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want < lo || want > hi {
+				t.Fatalf("take = %d, outside %d-%d", want, lo, hi)
+			}
+			first.release(id) // shelve
+			for i := 0; i < 20; i++ {
+				if _, err := first.take(fmt.Sprintf("other-%d", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got, err := first.take(id); err != nil || got != want {
+				t.Errorf("unshelve on the same host: port %d, %v; want %d", got, err, want)
+			}
+			other := newPortPool(lo, hi, "127.0.0.1")
+			if got, err := other.take(id); err != nil || got != want {
+				t.Errorf("unshelve on another host: port %d, %v; want %d", got, err, want)
+			}
+			held := newPortPool(lo, hi, "127.0.0.1")
+			held.claim("holder", map[int]int{22: want})
+			if got, err := held.take(id); err != nil || got == want {
+				t.Errorf("take while %d is held = %d, %v; want another port", want, got, err)
+			}
+			held.release(id)
+			held.release("holder")
+			if got, err := held.take(id); err != nil || got != want {
+				t.Errorf("take once %d is free again = %d, %v", want, got, err)
+			}
+		})
+	}
+}
+
 func TestImageCache(t *testing.T) {
 	needQEMU(t, "qemu-img")
 	dir := t.TempDir()

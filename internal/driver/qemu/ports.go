@@ -3,7 +3,7 @@ package qemu
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"hash/fnv"
 	"net"
 	"strconv"
 	"sync"
@@ -54,8 +54,9 @@ func (p *portPool) drop(port int) {
 
 var errNoPorts = errors.New("qemu: no free host port left in the port range")
 
-// take finds a free port for server id, starting at a random place in the
-// range so that a port just released is not handed out again at once.
+// take finds a free port for server id, starting at the server's preferred
+// port so that a server placed again (unshelve, a new host with the same
+// range) gets the port its owner already knows whenever it is still free.
 func (p *portPool) take(id string) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -63,7 +64,7 @@ func (p *portPool) take(id string) (int, error) {
 	if n <= 0 {
 		return 0, errNoPorts
 	}
-	start := rand.IntN(n)
+	start := preferredOffset(id, n)
 	for i := 0; i < n; i++ {
 		port := p.lo + (start+i)%n
 		if _, ok := p.used[port]; ok {
@@ -76,6 +77,14 @@ func (p *portPool) take(id string) (int, error) {
 		return port, nil
 	}
 	return 0, fmt.Errorf("%w (%d-%d)", errNoPorts, p.lo, p.hi)
+}
+
+// preferredOffset is where in a range of n ports server id looks first: a
+// hash of the id, the same on every host and after every restart.
+func preferredOffset(id string, n int) int {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return int(h.Sum64() % uint64(n))
 }
 
 // portFree reports whether a TCP port can be bound on addr.

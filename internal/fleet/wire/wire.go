@@ -23,6 +23,7 @@ const (
 	PathHeartbeat = "/v1/agent/heartbeat"
 	PathPoll      = "/v1/agent/ops/poll"
 	PathResults   = "/v1/agent/ops/results"
+	PathStop      = "/v1/agent/stop"
 	// PathImages + an image id: GET reads the image's data, PUT stores a
 	// snapshot's (with ?disk_format=), streamed, not JSON.
 	PathImages = "/v1/agent/images/"
@@ -131,6 +132,17 @@ type Heartbeat struct {
 	Observed  int64        `json:"observed"`
 	Hosts     []HostStatus `json:"hosts"`
 	Instances []Instance   `json:"instances"`
+}
+
+// StopRequest says the agent is stopping cleanly: its hosts are down at
+// once. Observed is the agent's clock (unix ns), as in Heartbeat.
+type StopRequest struct {
+	Observed int64 `json:"observed"`
+}
+
+// StopResponse lists the hosts marked down.
+type StopResponse struct {
+	Hosts []string `json:"hosts"`
 }
 
 // HeartbeatResponse tells the agent the controller's settings and the
