@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -137,6 +138,26 @@ func (s *Service) hostStates(ctx context.Context) map[string]string {
 	return out
 }
 
+// publicAddress is a server's public address of an IP version (its
+// floating address, on the network that sorts first), which Nova's
+// accessIPv4/accessIPv6 show unless the customer set them, so that
+// `openstack server show` says where the server is reached.
+func publicAddress(m map[string][]network.Address, version int) string {
+	nets := make([]string, 0, len(m))
+	for n := range m {
+		nets = append(nets, n)
+	}
+	sort.Strings(nets)
+	for _, n := range nets {
+		for _, a := range m[n] {
+			if a.Type == "floating" && a.Version == version {
+				return a.Addr
+			}
+		}
+	}
+	return ""
+}
+
 func addressesView(m map[string][]network.Address) map[string]any {
 	out := map[string]any{}
 	for net, addrs := range m {
@@ -182,7 +203,14 @@ func (vc *viewCtx) serverView(sv *server, withGroups bool) obj {
 	} else {
 		m.set("addresses", addressesView(vc.addresses[sv.ID]))
 	}
-	m = append(m, kv{"accessIPv4", d.AccessIPv4}, kv{"accessIPv6", d.AccessIPv6}, kv{"links", links(r, "servers/"+sv.ID)},
+	access4, access6 := d.AccessIPv4, d.AccessIPv6
+	if access4 == "" {
+		access4 = publicAddress(vc.addresses[sv.ID], 4)
+	}
+	if access6 == "" {
+		access6 = publicAddress(vc.addresses[sv.ID], 6)
+	}
+	m = append(m, kv{"accessIPv4", access4}, kv{"accessIPv6", access6}, kv{"links", links(r, "servers/"+sv.ID)},
 		kv{"OS-DCF:diskConfig", d.DiskConfig})
 	if progressStatuses[status] {
 		m.set("progress", 0)
