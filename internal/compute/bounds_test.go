@@ -12,24 +12,6 @@ import (
 	"nimbus/internal/testenv"
 )
 
-// jsonList is a JSON array of n items made by item(i).
-func jsonList(n int, item func(i int) string) string {
-	items := make([]string, n)
-	for i := range items {
-		items[i] = item(i)
-	}
-	return "[" + strings.Join(items, ",") + "]"
-}
-
-// metadataJSON is a JSON object of n string members.
-func metadataJSON(n int) string {
-	items := make([]string, n)
-	for i := range items {
-		items[i] = fmt.Sprintf(`"k%d":"v"`, i)
-	}
-	return "{" + strings.Join(items, ",") + "}"
-}
-
 // TestComputeBounds: the customer-controlled lists and counts of the
 // compute API are bounded, whatever the quotas say.
 func TestComputeBounds(t *testing.T) {
@@ -46,7 +28,7 @@ func TestComputeBounds(t *testing.T) {
 		e.wait(id, e.demo, "ACTIVE")
 
 		uuids := func(n int) string {
-			return jsonList(n, func(int) string { return `"` + id + `"` })
+			return testenv.JSONList(n, func(int) string { return `"` + id + `"` })
 		}
 		_, pub := testenv.NewSSHKey(t)
 		serverBody := func(extra string) string {
@@ -66,18 +48,18 @@ func TestComputeBounds(t *testing.T) {
 			{"different_host over limit", "POST", "/servers", hintsBody("different_host", 51),
 				400, "Invalid input for field/attribute different_host. The list has 51 items, more than the 50 allowed."},
 			{"security_groups over limit, repeated", "POST", "/servers",
-				serverBody(`,"security_groups":` + jsonList(51, func(int) string { return `{"name":"default"}` })),
+				serverBody(`,"security_groups":` + testenv.JSONList(51, func(int) string { return `{"name":"default"}` })),
 				400, "Invalid input for field/attribute security_groups. The list has 51 items, more than the 50 allowed."},
 			{"public key over limit", "POST", "/os-keypairs", fmt.Sprintf(`{"keypair":{"name":"big","public_key":%q}}`,
 				strings.TrimSpace(pub)+" "+strings.Repeat("c", 16<<10)), 400, "Keypair data is invalid: public_key is too long"},
-			{"create metadata over cap", "POST", "/servers", serverBody(`,"metadata":` + metadataJSON(1025)),
+			{"create metadata over cap", "POST", "/servers", serverBody(`,"metadata":` + testenv.JSONObject("k", 1025)),
 				403, "Maximum number of metadata items exceeds 1024"},
-			{"metadata replace over cap", "PUT", "/servers/" + id + "/metadata", `{"metadata":` + metadataJSON(1025) + `}`,
+			{"metadata replace over cap", "PUT", "/servers/" + id + "/metadata", `{"metadata":` + testenv.JSONObject("k", 1025) + `}`,
 				403, "Maximum number of metadata items exceeds 1024"},
 			{"rebuild metadata over cap", "POST", "/servers/" + id + "/action",
-				fmt.Sprintf(`{"rebuild":{"imageRef":%q,"metadata":%s}}`, e.imageID, metadataJSON(1025)),
+				fmt.Sprintf(`{"rebuild":{"imageRef":%q,"metadata":%s}}`, e.imageID, testenv.JSONObject("k", 1025)),
 				403, "Maximum number of metadata items exceeds 1024"},
-			{"metadata at cap", "PUT", "/servers/" + id + "/metadata", `{"metadata":` + metadataJSON(1024) + `}`, 200, ""},
+			{"metadata at cap", "PUT", "/servers/" + id + "/metadata", `{"metadata":` + testenv.JSONObject("k", 1024) + `}`, 200, ""},
 			{"metadata item over cap", "PUT", "/servers/" + id + "/metadata/one-more", `{"meta":{"one-more":"v"}}`,
 				403, "Maximum number of metadata items exceeds 1024"},
 		} {

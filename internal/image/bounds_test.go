@@ -10,24 +10,6 @@ import (
 	"nimbus/internal/testenv"
 )
 
-// jsonList is a JSON array of n items made by item(i).
-func jsonList(n int, item func(i int) string) string {
-	items := make([]string, n)
-	for i := range items {
-		items[i] = item(i)
-	}
-	return "[" + strings.Join(items, ",") + "]"
-}
-
-// jsonObject is a JSON object of n string members k<i>: v.
-func jsonObject(n int) string {
-	items := make([]string, n)
-	for i := range items {
-		items[i] = fmt.Sprintf(`"k%d":"v"`, i)
-	}
-	return "{" + strings.Join(items, ",") + "}"
-}
-
 // TestImageBounds: the customer-controlled counts of the image API are
 // bounded as Glance bounds them (image_tag_quota, image_member_quota,
 // image_property_quota), also for the properties compute's createImage
@@ -38,10 +20,10 @@ func TestImageBounds(t *testing.T) {
 		img := e.create(t, e.demoTok, `{"name":"bounds","visibility":"shared"}`)["id"].(string)
 		// tags is n tags of which unique differ.
 		tags := func(n, unique int) string {
-			return jsonList(n, func(i int) string { return fmt.Sprintf(`"t%d"`, i%unique) })
+			return testenv.JSONList(n, func(i int) string { return fmt.Sprintf(`"t%d"`, i%unique) })
 		}
 		replaceName := func(n int) string {
-			return jsonList(n, func(i int) string { return fmt.Sprintf(`{"op":"replace","path":"/name","value":"n%d"}`, i) })
+			return testenv.JSONList(n, func(i int) string { return fmt.Sprintf(`{"op":"replace","path":"/name","value":"n%d"}`, i) })
 		}
 		for _, tc := range []struct {
 			name, method, path, body string
@@ -85,8 +67,8 @@ func TestImageBounds(t *testing.T) {
 			sv := m["server"].(map[string]any)["id"].(string)
 			e.waitServer(t, sv, "ACTIVE")
 			for _, action := range []string{
-				`{"createImage": {"name": "s", "metadata": ` + jsonObject(129) + `}}`,
-				`{"createBackup": {"name": "b", "backup_type": "daily", "rotation": 1, "metadata": ` + jsonObject(129) + `}}`,
+				`{"createImage": {"name": "s", "metadata": ` + testenv.JSONObject("k", 129) + `}}`,
+				`{"createBackup": {"name": "b", "backup_type": "daily", "rotation": 1, "metadata": ` + testenv.JSONObject("k", 129) + `}}`,
 			} {
 				st, m := e.compute(t, "POST", "/servers/"+sv+"/action", e.demoTok, action)
 				fault, _ := m["overLimit"].(map[string]any)

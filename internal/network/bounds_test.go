@@ -14,17 +14,8 @@ import (
 	"nimbus/internal/testenv"
 )
 
-// jsonList is a JSON array of n items made by item(i).
-func jsonList(n int, item func(i int) string) string {
-	items := make([]string, n)
-	for i := range items {
-		items[i] = item(i)
-	}
-	return "[" + strings.Join(items, ",") + "]"
-}
-
 func tagList(n int) string {
-	return jsonList(n, func(i int) string { return fmt.Sprintf("%q", fmt.Sprintf("t%d", i)) })
+	return testenv.JSONList(n, func(i int) string { return fmt.Sprintf("%q", fmt.Sprintf("t%d", i)) })
 }
 
 // TestNetworkBounds: the customer-controlled lists of the network API are
@@ -47,21 +38,21 @@ func TestNetworkBounds(t *testing.T) {
 			t.Fatal(err)
 		}
 		ips := func(count, from int) string {
-			return jsonList(count, func(i int) string { return fmt.Sprintf(`{"ip_address":"10.9.0.%d"}`, from+i) })
+			return testenv.JSONList(count, func(i int) string { return fmt.Sprintf(`{"ip_address":"10.9.0.%d"}`, from+i) })
 		}
 		pairs := func(count int) string {
-			return jsonList(count, func(i int) string { return fmt.Sprintf(`{"ip_address":"192.168.%d.0/24"}`, i) })
+			return testenv.JSONList(count, func(i int) string { return fmt.Sprintf(`{"ip_address":"192.168.%d.0/24"}`, i) })
 		}
 		dns := func(count int) string {
-			return jsonList(count, func(i int) string { return fmt.Sprintf(`"10.1.1.%d"`, i+1) })
+			return testenv.JSONList(count, func(i int) string { return fmt.Sprintf(`"10.1.1.%d"`, i+1) })
 		}
 		routes := func(count int) string {
-			return jsonList(count, func(i int) string {
+			return testenv.JSONList(count, func(i int) string {
 				return fmt.Sprintf(`{"destination":"172.16.%d.0/24","nexthop":"10.8.2.1"}`, i)
 			})
 		}
 		pools := func(count int) string {
-			return jsonList(count, func(i int) string {
+			return testenv.JSONList(count, func(i int) string {
 				return fmt.Sprintf(`{"start":"10.8.3.%d","end":"10.8.3.%d"}`, 2+2*i, 3+2*i)
 			})
 		}

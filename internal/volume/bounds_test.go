@@ -1,21 +1,10 @@
 package volume_test
 
 import (
-	"fmt"
-	"strings"
 	"testing"
 
 	"nimbus/internal/testenv"
 )
-
-// metadataJSON is a JSON object of the members <prefix><i>: "v", i < n.
-func metadataJSON(prefix string, n int) string {
-	items := make([]string, n)
-	for i := range items {
-		items[i] = fmt.Sprintf(`"%s%d":"v"`, prefix, i)
-	}
-	return "{" + strings.Join(items, ",") + "}"
-}
 
 // TestVolumeMetadataBound: a volume holds at most 128 metadata items,
 // however they arrive: on create, update, replace, or merged by POST or
@@ -24,19 +13,19 @@ func TestVolumeMetadataBound(t *testing.T) {
 	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
 		e := newEnv(t, dbURL)
 		base := "/v3/" + e.demoProj + "/volumes"
-		m := e.want(t, 202, "POST", base, e.demoTok, `{"volume":{"size":1,"metadata":`+metadataJSON("a", 100)+`}}`)
+		m := e.want(t, 202, "POST", base, e.demoTok, `{"volume":{"size":1,"metadata":`+testenv.JSONObject("a", 100)+`}}`)
 		vol := base + "/" + m["volume"].(map[string]any)["id"].(string)
 		const msg = "Invalid metadata: Maximum number of metadata items exceeds 128"
 		for _, tc := range []struct {
 			name, method, path, body string
 			code                     int
 		}{
-			{"create over limit", "POST", base, `{"volume":{"size":1,"metadata":` + metadataJSON("a", 129) + `}}`, 400},
-			{"update over limit", "PUT", vol, `{"volume":{"metadata":` + metadataJSON("a", 129) + `}}`, 400},
-			{"replace over limit", "PUT", vol + "/metadata", `{"metadata":` + metadataJSON("b", 129) + `}`, 400},
-			{"merge over limit", "POST", vol + "/metadata", `{"metadata":` + metadataJSON("b", 29) + `}`, 400},
-			{"merge to the limit", "POST", vol + "/metadata", `{"metadata":` + metadataJSON("b", 28) + `}`, 200},
-			{"merge of known keys at the limit", "POST", vol + "/metadata", `{"metadata":` + metadataJSON("a", 50) + `}`, 200},
+			{"create over limit", "POST", base, `{"volume":{"size":1,"metadata":` + testenv.JSONObject("a", 129) + `}}`, 400},
+			{"update over limit", "PUT", vol, `{"volume":{"metadata":` + testenv.JSONObject("a", 129) + `}}`, 400},
+			{"replace over limit", "PUT", vol + "/metadata", `{"metadata":` + testenv.JSONObject("b", 129) + `}`, 400},
+			{"merge over limit", "POST", vol + "/metadata", `{"metadata":` + testenv.JSONObject("b", 29) + `}`, 400},
+			{"merge to the limit", "POST", vol + "/metadata", `{"metadata":` + testenv.JSONObject("b", 28) + `}`, 200},
+			{"merge of known keys at the limit", "POST", vol + "/metadata", `{"metadata":` + testenv.JSONObject("a", 50) + `}`, 200},
 			{"item over limit", "PUT", vol + "/metadata/c", `{"meta":{"c":"v"}}`, 400},
 			{"item replaced at the limit", "PUT", vol + "/metadata/a0", `{"meta":{"a0":"w"}}`, 200},
 		} {
