@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 
 	"nimbus/internal/cloud"
 	"nimbus/internal/metering"
-	"nimbus/internal/store"
 )
 
 // benchCharge is the hourly charging pass over n metered servers in 500
@@ -22,24 +20,14 @@ import (
 func benchCharge(c *cloud.Cloud, n int) error {
 	ctx := context.Background()
 	cur := time.Now().UTC().Truncate(time.Hour)
-	spec := store.JSON(metering.ServerSpec("bench", 2, 4096, 40, map[string]string{"nimbus:disk_type": "network"}, ""))
-	started := store.FormatTime(cur)
-	const per = 500
-	for i := 0; i < n; i += per {
-		var b strings.Builder
-		b.WriteString("INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at) VALUES ")
-		args := []any{}
-		for j := i; j < min(i+per, n); j++ {
-			if j > i {
-				b.WriteString(", ")
-			}
-			b.WriteString("(?, ?, 'server', ?, ?, ?, '', ?)")
-			args = append(args, uuid.Must(uuid.NewV7()).String(), uuid.NewString(), fmt.Sprintf("bench-project-%d", j%500),
-				spec, started, started)
-		}
-		if _, err := c.DB.Exec(ctx, b.String(), args...); err != nil {
-			return err
-		}
+	spec := metering.ServerSpec("bench", 2, 4096, 40, map[string]string{"nimbus:disk_type": "network"}, "")
+	periods := make([]metering.Opening, n)
+	for i := range periods {
+		periods[i] = metering.Opening{Kind: metering.KindServer, Resource: uuid.NewString(),
+			Project: fmt.Sprintf("bench-project-%d", i%500), Spec: spec, At: cur}
+	}
+	if err := metering.OpenMany(ctx, c.DB, periods); err != nil {
+		return err
 	}
 	for h := 1; h <= 2; h++ {
 		if _, err := c.Billing.ChargeUntil(ctx, cur.Add(time.Duration(h)*time.Hour+5*time.Second)); err != nil {

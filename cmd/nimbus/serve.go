@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -36,6 +37,42 @@ func dataDirFor(env, name string) string {
 	}
 	home, _ := os.UserHomeDir()
 	return filepath.Join(home, ".local", "share", name)
+}
+
+// checkServeFlags refuses the first flag out of its range, naming it.
+func checkServeFlags(cfg *cloud.Config) error {
+	const positive, notNegative = "must be positive", "must not be negative"
+	id, b := cfg.Identity, cfg.Billing
+	upTo := func(lo int64, hi string) string { return fmt.Sprintf("must be from %d to %s", lo, hi) }
+	maxAmount := strconv.FormatInt(billing.MaxAmount, 10)
+	rules := []struct {
+		bad        bool
+		flag, must string
+	}{
+		{cfg.DownAfter <= 0, "--down-after", positive},
+		{cfg.AgentHeartbeat <= 0, "--heartbeat", positive},
+		{cfg.OpTimeout <= 0, "--op-timeout", positive},
+		{id.LockoutFailureAttempts < 0, "--lockout-failure-attempts", notNegative},
+		{id.LockoutDuration < 0, "--lockout-duration", notNegative},
+		{id.LoginFailuresPerAddress < 0, "--login-failures-per-ip", notNegative},
+		{id.LoginFailuresPerAddress > 0 && id.LoginFailureWindow <= 0, "--login-failure-window", positive},
+		{!(id.TokenRate >= 0), "--token-rate", notNegative}, // NaN too
+		{id.TokenBurst < 0, "--token-burst", notNegative},
+		{id.MaxTokensPerUser < 0, "--max-tokens-per-user", notNegative},
+		{id.PasswordHashes < 0, "--password-hashes", notNegative},
+		{cfg.HTTP.MaxConnsPerIP < 0, "--max-conns-per-ip", notNegative},
+		{b.MinTopup < 1, "--billing-min-topup", positive},
+		{b.MaxTopup < b.MinTopup, "--billing-max-topup", "must be at least --billing-min-topup"},
+		{b.MaxBalance < 1 || b.MaxBalance > billing.MaxAmount, "--billing-max-balance", upTo(1, maxAmount)},
+		{b.DefaultCreditLimit < 0 || b.DefaultCreditLimit > billing.MaxAmount, "--billing-credit-limit", upTo(0, maxAmount)},
+		{cfg.DemoCredit < 0 || cfg.DemoCredit > b.MaxBalance, "--demo-credit", upTo(0, "--billing-max-balance")},
+	}
+	for _, r := range rules {
+		if r.bad {
+			return fmt.Errorf("%s %s", r.flag, r.must)
+		}
+	}
+	return nil
 }
 
 func serve(args []string) error {
@@ -105,23 +142,8 @@ func serve(args []string) error {
 			return fmt.Errorf("--billing-presentation-rate: %w", err)
 		}
 	}
-	if cfg.DownAfter <= 0 || cfg.AgentHeartbeat <= 0 || cfg.OpTimeout <= 0 {
-		return fmt.Errorf("--down-after, --heartbeat and --op-timeout must be positive")
-	}
-	if l := cfg.Identity; l.LockoutFailureAttempts < 0 || l.LockoutDuration < 0 || l.LoginFailuresPerAddress < 0 ||
-		!(l.TokenRate >= 0) || l.TokenBurst < 0 || l.MaxTokensPerUser < 0 || l.PasswordHashes < 0 || cfg.HTTP.MaxConnsPerIP < 0 {
-		return fmt.Errorf("the lockout, login, token, hash and connection limits must not be negative")
-	}
-	if cfg.Identity.LoginFailuresPerAddress > 0 && cfg.Identity.LoginFailureWindow <= 0 {
-		return fmt.Errorf("--login-failure-window must be positive")
-	}
-	if cfg.Billing.MinTopup < 1 || cfg.Billing.DefaultCreditLimit < 0 || cfg.DemoCredit < 0 {
-		return fmt.Errorf("--billing-min-topup must be positive, --billing-credit-limit and --demo-credit not negative")
-	}
-	if cfg.Billing.MaxTopup < cfg.Billing.MinTopup || cfg.Billing.MaxBalance < 1 || cfg.Billing.MaxBalance > billing.MaxAmount ||
-		cfg.Billing.DefaultCreditLimit > billing.MaxAmount || cfg.DemoCredit > cfg.Billing.MaxBalance {
-		return fmt.Errorf("--billing-max-topup must be at least --billing-min-topup, --billing-max-balance from 1 to %d, "+
-			"--billing-credit-limit at most %d and --demo-credit at most --billing-max-balance", int64(billing.MaxAmount), int64(billing.MaxAmount))
+	if err := checkServeFlags(&cfg); err != nil {
+		return err
 	}
 
 	var lvl slog.Level

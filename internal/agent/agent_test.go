@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/pem"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -22,25 +20,8 @@ import (
 	"nimbus/internal/fleet"
 	"nimbus/internal/fleet/wire"
 	"nimbus/internal/store"
+	"nimbus/internal/testenv"
 )
-
-func testLog() *slog.Logger {
-	if os.Getenv("NIMBUS_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // spawnCounter is a fake driver that counts spawns.
 type spawnCounter struct {
@@ -182,9 +163,9 @@ func TestJournal(t *testing.T) {
 	}
 	drv := newSpawnCounter(t, 50*time.Millisecond) // a spawn takes 150 ms: polls deliver it again meanwhile
 	cfg := agent.Config{ControllerURL: srv.URL, CACertFile: writeCA(t, srv), DataDir: dir, Driver: drv,
-		Heartbeat: time.Second, MaxBackoff: 100 * time.Millisecond, Log: testLog()}
+		Heartbeat: time.Second, MaxBackoff: 100 * time.Millisecond, Log: testenv.Log()}
 	stop := start(t, cfg)
-	eventually(t, 10*time.Second, "a result post", func() bool {
+	testenv.Eventually(t, 10*time.Second, "a result post", func() bool {
 		fc.mu.Lock()
 		defer fc.mu.Unlock()
 		return fc.posts >= 1
@@ -200,7 +181,7 @@ func TestJournal(t *testing.T) {
 	// A new agent process on the same data directory: the controller still
 	// has the op pending and delivers it again.
 	start(t, cfg)
-	eventually(t, 10*time.Second, "the result accepted", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the result accepted", func() bool {
 		fc.mu.Lock()
 		defer fc.mu.Unlock()
 		return fc.accepted
@@ -225,12 +206,12 @@ func TestEnrolment(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	svc := fleet.New(db, fleet.Config{Log: testLog()})
+	svc := fleet.New(db, fleet.Config{Log: testenv.Log()})
 	srv := httptest.NewTLSServer(svc.Handler())
 	defer func() { svc.Close(); srv.Close() }()
 	dir := t.TempDir()
 	cfg := agent.Config{ControllerURL: srv.URL, CACertFile: writeCA(t, srv), DataDir: dir, Driver: newSpawnCounter(t, 0),
-		Heartbeat: 100 * time.Millisecond, Log: testLog()}
+		Heartbeat: 100 * time.Millisecond, Log: testenv.Log()}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := agent.Run(ctx, cfg); err == nil {
@@ -243,7 +224,7 @@ func TestEnrolment(t *testing.T) {
 	tok, _ := svc.CreateToken(ctx, time.Hour)
 	cfg.Token = tok
 	stop := start(t, cfg)
-	eventually(t, 10*time.Second, "host registered", func() bool {
+	testenv.Eventually(t, 10*time.Second, "host registered", func() bool {
 		hs, _ := svc.Hosts(ctx)
 		return len(hs) == 1 && hs[0].Up
 	})
@@ -258,7 +239,7 @@ func TestEnrolment(t *testing.T) {
 	}
 	cfg.Token = "" // spent; the saved credential is enough
 	start(t, cfg)
-	eventually(t, 10*time.Second, "host up again", func() bool {
+	testenv.Eventually(t, 10*time.Second, "host up again", func() bool {
 		hs, _ := svc.Hosts(ctx)
 		return len(hs) == 1 && hs[0].Up
 	})
@@ -282,7 +263,7 @@ func controllerAt(t *testing.T, db *store.DB, addr string) (svc *fleet.Service, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc = fleet.New(db, fleet.Config{Log: testLog(), PollInterval: 50 * time.Millisecond})
+	svc = fleet.New(db, fleet.Config{Log: testenv.Log(), PollInterval: 50 * time.Millisecond})
 	srv = httptest.NewUnstartedServer(svc.Handler())
 	srv.Listener.Close()
 	srv.Listener = ln
@@ -323,8 +304,8 @@ func TestReconnect(t *testing.T) {
 	agent.SaveIdentity(dir, agent.Identity{AgentID: id, Credential: cred})
 	drv := newSpawnCounter(t, 0)
 	start(t, agent.Config{ControllerURL: srv1.URL, CACertFile: writeCA(t, srv1), DataDir: dir, Driver: drv,
-		Heartbeat: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Log: testLog()})
-	eventually(t, 10*time.Second, "host up", func() bool {
+		Heartbeat: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Log: testenv.Log()})
+	testenv.Eventually(t, 10*time.Second, "host up", func() bool {
 		hs, _ := svc1.Hosts(ctx)
 		return len(hs) == 1 && hs[0].Up
 	})

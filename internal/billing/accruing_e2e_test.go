@@ -17,11 +17,8 @@ import (
 // trial credit are shown apart.
 func TestAccruing(t *testing.T) {
 	testenv.ForEachEngine(t, func(t *testing.T, url string) {
-		clk := &clock{t: time.Now().UTC()}
-		c := testenv.StartCloud(t, url, func(cfg *cloud.Config) { cfg.Billing.Now = clk.now })
+		c, clk, hc, demo := startClocked(t, url)
 		ctx := context.Background()
-		hc := testenv.HTTPClient(t, c)
-		demo := testenv.Token(t, c, cloud.DemoUser)
 		call := func(method, url, body string, want int, v any) {
 			t.Helper()
 			resp, raw := testenv.Do(t, hc, method, url, demo, body, "OpenStack-API-Version", "compute 2.79")

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -79,10 +78,10 @@ func pathProject(r *http.Request) (string, error) {
 	return p, nil
 }
 
-const (
-	defaultLedgerLimit = 100
-	maxLedgerLimit     = 1000
-)
+// ledgerLimit is a ledger page's size: 100 unless asked, at most 1000.
+var ledgerLimit = api.IntRule{Default: 100, Min: 1, Max: 1000, NotInt: func(raw string) error {
+	return api.BadRequest("Invalid limit %q: must be a positive integer.", raw)
+}}
 
 func (s *Service) listLedger(r *http.Request) (*api.Response, error) {
 	p, err := project(r)
@@ -90,13 +89,9 @@ func (s *Service) listLedger(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	q := r.URL.Query()
-	limit := defaultLedgerLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return nil, api.BadRequest("Invalid limit %q: must be a positive integer.", v)
-		}
-		limit = min(n, maxLedgerLimit)
+	limit, err := ledgerLimit.Parse(q.Get("limit"), q.Get("limit") != "")
+	if err != nil {
+		return nil, err
 	}
 	marker := q.Get("marker")
 	entries, err := s.Ledger(r.Context(), p, limit, marker)
@@ -108,8 +103,8 @@ func (s *Service) listLedger(r *http.Request) (*api.Response, error) {
 	}
 	body := map[string]any{"ledger": entries}
 	if len(entries) == limit {
-		next := url.Values{"limit": {strconv.Itoa(limit)}, "marker": {entries[len(entries)-1].ID}}
-		body["ledger_links"] = []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v1/ledger?" + next.Encode()}}
+		next := api.NextQuery(nil, map[string]string{"limit": strconv.Itoa(limit), "marker": entries[len(entries)-1].ID})
+		body["ledger_links"] = []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v1/ledger?" + next}}
 	}
 	return api.JSON(http.StatusOK, body), nil
 }

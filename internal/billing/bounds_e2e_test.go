@@ -21,15 +21,8 @@ import (
 // other projects are still charged, and one that ran dry is shelved.
 func TestMoneyBounds(t *testing.T) {
 	testenv.ForEachEngine(t, func(t *testing.T, url string) {
-		clk := &clock{t: time.Now().UTC()}
-		c := testenv.StartCloud(t, url, func(cfg *cloud.Config) {
-			cfg.Billing.Now = clk.now
-			cfg.Billing.DefaultCreditLimit = 0
-			cfg.Billing.MaxBalance = 150_000_000
-		})
+		c, clk, hc, demo := startClocked(t, url, noCredit, func(cfg *cloud.Config) { cfg.Billing.MaxBalance = 150_000_000 })
 		ctx := context.Background()
-		hc := testenv.HTTPClient(t, c)
-		demo := testenv.Token(t, c, cloud.DemoUser)
 		admin := testenv.Token(t, c, cloud.AdminUser)
 		call := func(method, path, token, body string, want int) string {
 			t.Helper()

@@ -254,30 +254,9 @@ type work struct {
 // order (nil when there are none left). Only the reading goroutine calls
 // it.
 func (p *pass) read(ctx context.Context, after cursor) (*work, error) {
-	rows, err := p.s.db.Query(ctx, `SELECT `+metering.Columns+` FROM metering_periods
- WHERE (resource_id, id) > (?, ?) AND started_at < ? AND (ended_at = '' OR ended_at > ? OR (ended_at = started_at AND started_at >= ?))
- ORDER BY resource_id, id LIMIT ?`, after.resource, after.id, store.FormatTime(p.to.Add(time.Hour)), store.FormatTime(p.from),
-		store.FormatTime(p.from), p.s.cfg.BatchSize)
-	if err != nil {
+	periods, err := metering.Page(ctx, p.s.db, after.resource, after.id, p.from, p.to, p.s.cfg.BatchSize, p.specs)
+	if err != nil || len(periods) == 0 {
 		return nil, err
-	}
-	var periods []metering.Period
-	for rows.Next() {
-		var pd metering.Period
-		if err := metering.ScanCached(rows, &pd, p.specs); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		periods = append(periods, pd)
-	}
-	if err := rows.Close(); err != nil {
-		return nil, err
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	if len(periods) == 0 {
-		return nil, nil
 	}
 	lp := periods[len(periods)-1]
 	w := &work{last: cursor{lp.ResourceID, lp.ID}, projects: map[string]bool{}}

@@ -33,6 +33,20 @@ func (c *clock) add(d time.Duration) time.Time {
 	return c.t
 }
 
+// startClocked starts a real cloud whose billing runs on a test clock set
+// to the real now, changed further by opts, and returns it with the clock, a
+// client that trusts it and the demo customer's token.
+func startClocked(t *testing.T, url string, opts ...testenv.Options) (*cloud.Cloud, *clock, *http.Client, string) {
+	t.Helper()
+	clk := &clock{t: time.Now().UTC()}
+	opts = append([]testenv.Options{func(cfg *cloud.Config) { cfg.Billing.Now = clk.now }}, opts...)
+	c := testenv.StartCloud(t, url, opts...)
+	return c, clk, testenv.HTTPClient(t, c), testenv.Token(t, c, cloud.DemoUser)
+}
+
+// noCredit gives projects no credit limit: they are refused below zero.
+func noCredit(cfg *cloud.Config) { cfg.Billing.DefaultCreditLimit = 0 }
+
 // TestRunningDry drives a real cloud: a project whose balance lasts less
 // than 72 hours is warned; once the balance falls below minus the credit
 // limit, a charging pass shelves its servers (kept, no longer charged),
@@ -40,14 +54,8 @@ func (c *clock) add(d time.Duration) time.Time {
 // customer unshelve and create again.
 func TestRunningDry(t *testing.T) {
 	testenv.ForEachEngine(t, func(t *testing.T, url string) {
-		clk := &clock{t: time.Now().UTC()}
-		c := testenv.StartCloud(t, url, func(cfg *cloud.Config) {
-			cfg.Billing.Now = clk.now
-			cfg.Billing.DefaultCreditLimit = 0
-		})
+		c, clk, hc, demo := startClocked(t, url, noCredit)
 		ctx := context.Background()
-		hc := testenv.HTTPClient(t, c)
-		demo := testenv.Token(t, c, cloud.DemoUser)
 		bill := func(method, path, body string, want int) map[string]any {
 			t.Helper()
 			resp, raw := testenv.Do(t, hc, method, c.BillingURL+path, demo, body)
@@ -294,11 +302,8 @@ func TestTenantUsageMatchesLedger(t *testing.T) {
 // to release, at the public IPv4 rate.
 func TestPublicIPCharged(t *testing.T) {
 	testenv.ForEachEngine(t, func(t *testing.T, url string) {
-		clk := &clock{t: time.Now().UTC()}
-		c := testenv.StartCloud(t, url, func(cfg *cloud.Config) { cfg.Billing.Now = clk.now })
+		c, clk, hc, demo := startClocked(t, url)
 		ctx := context.Background()
-		hc := testenv.HTTPClient(t, c)
-		demo := testenv.Token(t, c, cloud.DemoUser)
 		resp, raw := testenv.Do(t, hc, "GET", c.NetworkURL+"/v2.0/networks?name=public", demo, "")
 		testenv.MustStatus(t, resp, raw, 200)
 		var nets struct{ Networks []struct{ ID string } }

@@ -25,14 +25,8 @@ import (
 // succeeds again.
 func TestGateBelowCreditLimit(t *testing.T) {
 	testenv.ForEachEngine(t, func(t *testing.T, url string) {
-		clk := &clock{t: time.Now().UTC()}
-		c := testenv.StartCloud(t, url, func(cfg *cloud.Config) {
-			cfg.Billing.Now = clk.now
-			cfg.Billing.DefaultCreditLimit = 0
-		})
+		c, clk, hc, demo := startClocked(t, url, noCredit)
 		ctx := context.Background()
-		hc := testenv.HTTPClient(t, c)
-		demo := testenv.Token(t, c, cloud.DemoUser)
 		admin := testenv.Token(t, c, cloud.AdminUser)
 		project := projectOf(t, c, hc, demo)
 		call := func(method, url, body string, want int) string {

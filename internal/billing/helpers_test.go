@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
@@ -54,30 +52,15 @@ func billable(vmState string) bool { return vmState != "shelved" && vmState != "
 // servers created at sv.created, many per statement.
 func insertServers(t testing.TB, db *store.DB, svs []testServer) {
 	t.Helper()
-	ctx := context.Background()
-	const per = 500
-	for i := 0; i < len(svs); i += per {
-		part := svs[i:min(i+per, len(svs))]
-		var b strings.Builder
-		b.WriteString(`INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at) VALUES `)
-		args := []any{}
-		for _, sv := range part {
-			if !billable(sv.vmState) {
-				continue
-			}
-			if len(args) > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString("(?, ?, 'server', ?, ?, ?, '', ?)")
-			c := store.FormatTime(sv.created)
-			args = append(args, uuid.Must(uuid.NewV7()).String(), sv.id, sv.project, store.JSON(sv.spec()), c, c)
+	var periods []metering.Opening
+	for _, sv := range svs {
+		if billable(sv.vmState) {
+			periods = append(periods, metering.Opening{Kind: metering.KindServer, Resource: sv.id, Project: sv.project,
+				Spec: sv.spec(), At: sv.created})
 		}
-		if len(args) == 0 {
-			continue
-		}
-		if _, err := db.Exec(ctx, b.String(), args...); err != nil {
-			t.Fatal(err)
-		}
+	}
+	if err := metering.OpenMany(context.Background(), db, periods); err != nil {
+		t.Fatal(err)
 	}
 }
 

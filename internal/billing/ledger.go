@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"nimbus/internal/api"
 	"nimbus/internal/store"
 )
 
@@ -135,25 +136,25 @@ func (s *Service) SetCreditLimit(ctx context.Context, project string, limit int6
 	})
 }
 
+// ledgerOrder is the ledger's order, newest first; the id breaks ties so
+// that a marker is exact.
+var ledgerOrder = api.Keyset{{Col: "created_at", Desc: true}, {Col: "id", Desc: true}}
+
 // Ledger lists project's entries newest first, at most limit after the
 // entry marker (exclusive; "" for the first page). A marker not in the
 // project's ledger gives store.ErrNotFound.
 func (s *Service) Ledger(ctx context.Context, project string, limit int, marker string) ([]Entry, error) {
-	q := `SELECT id, project_id, kind, amount, resource_id, period_start, created_at, reference FROM billing_ledger
- WHERE project_id = ? ORDER BY created_at DESC, id DESC LIMIT ?`
-	args := []any{project, limit}
+	page := api.Page{Keys: ledgerOrder, Limit: limit}
+	page.Add("project_id = ?", project)
 	if marker != "" {
-		var at string
-		err := s.db.QueryRow(ctx, "SELECT created_at FROM billing_ledger WHERE id = ? AND project_id = ?", marker, project).Scan(&at)
-		if store.IsNoRows(err) {
-			return nil, store.ErrNotFound
-		} else if err != nil {
+		vals, err := ledgerOrder.MarkerValues(ctx, s.db, "billing_ledger", "id = ? AND project_id = ?", marker, project)
+		if err != nil {
 			return nil, err
 		}
-		q = `SELECT id, project_id, kind, amount, resource_id, period_start, created_at, reference FROM billing_ledger
- WHERE project_id = ? AND (created_at < ? OR (created_at = ? AND id < ?)) ORDER BY created_at DESC, id DESC LIMIT ?`
-		args = []any{project, at, at, marker, limit}
+		page.AfterMarker(vals)
 	}
+	q := "SELECT id, project_id, kind, amount, resource_id, period_start, created_at, reference FROM billing_ledger " + page.SQL()
+	args := page.Args
 	rows, err := s.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err

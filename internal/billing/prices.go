@@ -41,47 +41,42 @@ type PriceList struct {
 	TermDiscounts map[string]int64 `json:"term_discounts"`
 }
 
+// rates are the list's single rates by billing_prices key, and maps its
+// keyed rates by key prefix: the one place a rate is named.
+func (p *PriceList) rates() (map[string]*int64, map[string]map[string]int64) {
+	return map[string]*int64{"vcpu": &p.VCPU, "ram_gb": &p.RAMGB, "public_ipv4": &p.PublicIPv4,
+			"windows_vcpu": &p.WindowsVCPU, "windows_server": &p.WindowsServer, "volume_gb": &p.VolumeGB,
+			"backup_gb": &p.BackupGB, "image_gb": &p.ImageGB},
+		map[string]map[string]int64{"disk_gb:": p.DiskGB, "gpu:": p.GPU, "term:": p.TermDiscounts}
+}
+
 // rows flattens the list into billing_prices rows.
 func (p *PriceList) rows() map[string]int64 {
-	m := map[string]int64{"vcpu": p.VCPU, "ram_gb": p.RAMGB, "public_ipv4": p.PublicIPv4,
-		"windows_vcpu": p.WindowsVCPU, "windows_server": p.WindowsServer, "volume_gb": p.VolumeGB, "backup_gb": p.BackupGB,
-		"image_gb": p.ImageGB}
-	for k, v := range p.DiskGB {
-		m["disk_gb:"+k] = v
+	single, keyed := p.rates()
+	m := map[string]int64{}
+	for k, v := range single {
+		m[k] = *v
 	}
-	for k, v := range p.GPU {
-		m["gpu:"+k] = v
-	}
-	for k, v := range p.TermDiscounts {
-		m["term:"+k] = v
+	for prefix, rates := range keyed {
+		for k, v := range rates {
+			m[prefix+k] = v
+		}
 	}
 	return m
 }
 
+// set sets the rate of a billing_prices key; an unknown key is ignored.
 func (p *PriceList) set(key string, v int64) {
-	switch {
-	case key == "vcpu":
-		p.VCPU = v
-	case key == "ram_gb":
-		p.RAMGB = v
-	case key == "public_ipv4":
-		p.PublicIPv4 = v
-	case key == "windows_vcpu":
-		p.WindowsVCPU = v
-	case key == "windows_server":
-		p.WindowsServer = v
-	case key == "volume_gb":
-		p.VolumeGB = v
-	case key == "backup_gb":
-		p.BackupGB = v
-	case key == "image_gb":
-		p.ImageGB = v
-	case strings.HasPrefix(key, "disk_gb:"):
-		p.DiskGB[strings.TrimPrefix(key, "disk_gb:")] = v
-	case strings.HasPrefix(key, "gpu:"):
-		p.GPU[strings.TrimPrefix(key, "gpu:")] = v
-	case strings.HasPrefix(key, "term:"):
-		p.TermDiscounts[strings.TrimPrefix(key, "term:")] = v
+	single, keyed := p.rates()
+	if r, ok := single[key]; ok {
+		*r = v
+		return
+	}
+	for prefix, rates := range keyed {
+		if k, ok := strings.CutPrefix(key, prefix); ok {
+			rates[k] = v
+			return
+		}
 	}
 }
 

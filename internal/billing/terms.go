@@ -155,8 +155,7 @@ func (s *Service) BuyTerm(ctx context.Context, project string, req TermRequest) 
 // of project: its price is that period's.
 func (s *Service) newTerm(ctx context.Context, tx *store.Tx, project, server string, months int, renew bool, onEnd string,
 	start, now time.Time) (*Term, error) {
-	var p metering.Period
-	err := metering.Scan(tx.QueryRow(ctx, "SELECT "+metering.Columns+" FROM metering_periods WHERE resource_id = ? AND ended_at = ''", server), &p)
+	p, err := metering.Current(ctx, tx, server)
 	if store.IsNoRows(err) || (err == nil && (p.ProjectID != project || p.Kind != metering.KindServer)) {
 		return nil, ErrNotRunning
 	}

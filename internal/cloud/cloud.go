@@ -45,15 +45,15 @@ import (
 
 // Ports are the listening ports of the services; 0 picks a free port.
 // Agent is the agent API's, which host agents connect to; Console the
-// noVNC console proxy's (internal/console).
+// noVNC console proxy's (internal/console), Panel the web panel's.
 type Ports struct {
-	Identity, Compute, Image, Network, Volume, Billing, Agent, Console int
+	Identity, Compute, Image, Network, Volume, Billing, Agent, Console, Panel int
 }
 
 // DefaultPorts are the spec's and OpenStack's ports; billing takes the port
 // of OpenStack's rating service (CloudKitty), the console proxy Nova's
 // nova-novncproxy's.
-var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696, Volume: 8776, Billing: 8889, Agent: 8790, Console: 6080}
+var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 9696, Volume: 8776, Billing: 8889, Agent: 8790, Console: 6080, Panel: 8443}
 
 // Config is what a controller needs to start.
 type Config struct {
@@ -165,8 +165,8 @@ type Cloud struct {
 	Agent *agent.Agent
 	Fake  *fake.Driver
 	// URLs of the services as put in the catalog, and of the agent API;
-	// ConsoleURL is the console proxy's base URL.
-	IdentityURL, ComputeURL, ImageURL, NetworkURL, VolumeURL, BillingURL, AgentURL, ConsoleURL string
+	// ConsoleURL is the console proxy's base URL, PanelURL the web panel's.
+	IdentityURL, ComputeURL, ImageURL, NetworkURL, VolumeURL, BillingURL, AgentURL, ConsoleURL, PanelURL string
 	// Files the operator needs.
 	CACertFile, CloudsFile string
 	Secrets                Secrets
@@ -294,9 +294,14 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Images.SetSpendGate(c.Billing)
 	c.Networks = network.New(db)
 	c.Networks.SetSpendGate(c.Billing)
-	// A project made through Keystone gets its private network and
-	// default security group in the same transaction.
-	c.Identity.SetProjectHook(c.Networks)
+	// The catalog and the public network belong to the operator's project.
+	c.Images.SetProjects(c.Identity)
+	c.Networks.SetProjects(c.Identity)
+	// A project made through Keystone or the panel's registration gets its
+	// private network, default security group and billing account in the
+	// same transaction.
+	c.Identity.AddProjectHook(c.Networks)
+	c.Identity.AddProjectHook(c.Billing)
 	c.Billing.SetDetacher(c.Networks)
 	c.Volumes = volume.New(volume.Config{DB: db, DataDir: filepath.Join(cfg.DataDir, "volumes"), Images: c.Images,
 		Log: cfg.Log.With("component", "volume"), Billing: c.Billing})

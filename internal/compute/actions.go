@@ -355,7 +355,7 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 		req.OnlyHosts = []string{sv.Host}
 		c, err := st.Reserve(req)
 		if err != nil {
-			return api.BadRequest("No valid host was found. There are not enough hosts available.")
+			return api.BadRequest("%s", errNoValidHost)
 		}
 		claimed = &c
 		if err := moveClaim(ctx, tx, sv.ID, resizeSourceKey(sv.ID)); err != nil {
@@ -438,131 +438,27 @@ func (s *Service) dropKeptDisk(ctx context.Context, id string) {
 
 func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Response, error) {
 	ctx := r.Context()
-	v := VersionFrom(ctx)
 	c := api.CallerFrom(ctx)
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
-		return nil, badField("rebuild", arg, fmt.Sprintf("%s is not of type 'object'", arg))
-	}
-	allowed := []string{"imageRef", "name", "adminPass", "metadata", "preserve_ephemeral", "OS-DCF:diskConfig", "accessIPv4", "accessIPv6"}
-	if !v.AtLeast(57) {
-		allowed = append(allowed, "personality")
-	} else {
-		allowed = append(allowed, "user_data")
-	}
-	if v.AtLeast(19) {
-		allowed = append(allowed, "description")
-	}
-	if v.AtLeast(54) {
-		allowed = append(allowed, "key_name")
-	}
-	if v.AtLeast(63) {
-		allowed = append(allowed, "trusted_image_certificates")
-	}
-	if v.AtLeast(90) {
-		allowed = append(allowed, "hostname")
-	}
-	if err := api.UnknownFields(obj, allowed...); err != nil {
-		return nil, err
-	}
-	imgRef, err := strField(obj, "imageRef")
+	b, err := parseServerBody(opRebuild, VersionFrom(ctx), "rebuild", arg)
 	if err != nil {
 		return nil, err
 	}
-	if imgRef == nil {
-		return nil, badField("rebuild", arg, "'imageRef' is a required property")
-	}
-	if !uuidRE.MatchString(*imgRef) {
-		return nil, api.BadRequest("Invalid input for field/attribute imageRef. Value: %s. '%s' is not a 'uuid'", *imgRef, *imgRef)
-	}
-	name, err := strField(obj, "name")
-	if err != nil {
-		return nil, err
-	}
-	if name != nil {
-		if err := checkName("name", *name); err != nil {
-			return nil, err
-		}
-	}
-	pass, err := strField(obj, "adminPass")
-	if err != nil {
-		return nil, err
-	}
-	var meta map[string]string
-	if _, ok := obj["metadata"]; ok {
-		if meta, err = metadataField(obj, "metadata"); err != nil {
-			return nil, err
-		}
-	}
-	dc, err := strField(obj, "OS-DCF:diskConfig")
-	if err != nil {
-		return nil, err
-	}
-	if dc != nil && *dc != "AUTO" && *dc != "MANUAL" {
-		return nil, api.BadRequest("Invalid input for field/attribute OS-DCF:diskConfig. Value: %s. '%s' is not one of ['AUTO', 'MANUAL']", *dc, *dc)
-	}
-	ip4, err := strField(obj, "accessIPv4")
-	if err != nil {
-		return nil, err
-	}
-	ip6, err := strField(obj, "accessIPv6")
-	if err != nil {
-		return nil, err
-	}
-	if err := checkAccessIPs(ip4, ip6); err != nil {
-		return nil, err
-	}
-	desc, err := strField(obj, "description")
-	if err != nil {
-		return nil, err
-	}
-	_, hasDesc := obj["description"]
-	if desc != nil && len(*desc) > 255 {
-		return nil, api.BadRequest("Invalid input for field/attribute description. Value: %s. '%s' is too long", *desc, *desc)
-	}
-	var userData *string
-	_, hasUD := obj["user_data"]
-	if hasUD && string(obj["user_data"]) != "null" {
-		if userData, err = strField(obj, "user_data"); err != nil {
-			return nil, err
-		}
-		if len(*userData) > 65535 {
-			return nil, api.BadRequest("Invalid input for field/attribute user_data. Value is too long")
-		}
-		if _, err := base64Decode(*userData); err != nil {
-			return nil, api.BadRequest("User data needs to be valid base 64.")
-		}
-	}
-	var keyName *string
-	_, hasKey := obj["key_name"]
 	var kp *Keypair
-	if hasKey && string(obj["key_name"]) != "null" {
-		if keyName, err = strField(obj, "key_name"); err != nil {
-			return nil, err
-		}
-		if kp, err = s.getKeypair(ctx, s.db, c.UserID, *keyName); err != nil {
+	if b.KeyName != "" {
+		if kp, err = s.getKeypair(ctx, s.db, c.UserID, b.KeyName); err != nil {
 			return nil, notFoundAs(err, api.BadRequest("Invalid key_name provided."))
 		}
 	}
-	hostname, err := strField(obj, "hostname")
+	img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), b.ImageRef)
 	if err != nil {
-		return nil, err
-	}
-	if hostname != nil {
-		if err := checkHostname(*hostname, v); err != nil {
-			return nil, err
-		}
-	}
-	img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), *imgRef)
-	if err != nil {
-		return nil, notFoundAs(err, api.BadRequest("Image %s could not be found.", *imgRef))
+		return nil, notFoundAs(err, api.BadRequest("Image %s could not be found.", b.ImageRef))
 	}
 	if img.Status != "active" {
 		return nil, api.BadRequest("Image %s is not active.", img.ID)
 	}
-	newPass := randomString(12, passChars)
-	if pass != nil {
-		newPass = *pass
+	newPass := b.AdminPass
+	if !b.has("adminPass") {
+		newPass = randomString(12, passChars)
 	}
 	sv, err := s.intent(r, simpleAction{"rebuild", taskRebuilding, "rebuild"}, func(tx *store.Tx, sv *server) error {
 		if err := imageFits(img, sv.Doc.Flavor.RAM, sv.Doc.Flavor.Disk); err != nil {
@@ -572,43 +468,16 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 		sv.Doc.OSType = osTypeOf(img)
 		sv.Doc.AdminPass = newPass
 		sv.Doc.OldVMState = sv.VMState
-		if name != nil {
-			sv.Name = *name
-		}
-		if meta != nil {
+		if b.has("metadata") {
 			q, err := s.quotaFor(ctx, tx, sv.ProjectID)
 			if err != nil {
 				return err
 			}
-			if err := checkMetadataCount(q.MetadataItems, len(meta)); err != nil {
+			if err := checkMetadataCount(q.MetadataItems, len(b.Metadata)); err != nil {
 				return err
 			}
-			sv.Doc.Metadata = meta
 		}
-		if dc != nil {
-			sv.Doc.DiskConfig = *dc
-		}
-		if ip4 != nil {
-			sv.Doc.AccessIPv4 = *ip4
-		}
-		if ip6 != nil {
-			sv.Doc.AccessIPv6 = canonicalIP(*ip6)
-		}
-		if hasDesc {
-			sv.Doc.Description = desc
-		}
-		if hasUD {
-			sv.Doc.UserData = userData
-		}
-		if hasKey {
-			sv.KeyName, sv.Doc.PublicKey = "", ""
-			if kp != nil {
-				sv.KeyName, sv.Doc.PublicKey = kp.Name, kp.PublicKey
-			}
-		}
-		if hostname != nil {
-			sv.Hostname = *hostname
-		}
+		rebuildFields(sv, b, kp)
 		return nil
 	})
 	if err != nil {
@@ -621,6 +490,41 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 	view := vc.updateView(sv, true)
 	view.set("adminPass", newPass)
 	return api.JSON(http.StatusAccepted, map[string]any{"server": view}), nil
+}
+
+// rebuildFields sets on sv the fields a rebuild body carried; a null
+// description, user_data or key_name clears it.
+func rebuildFields(sv *server, b *serverBody, kp *Keypair) {
+	if b.has("name") {
+		sv.Name = b.Name
+	}
+	if b.has("metadata") {
+		sv.Doc.Metadata = b.Metadata
+	}
+	if b.has("OS-DCF:diskConfig") {
+		sv.Doc.DiskConfig = b.DiskConfig
+	}
+	if b.has("accessIPv4") {
+		sv.Doc.AccessIPv4 = b.AccessIPv4
+	}
+	if b.has("accessIPv6") {
+		sv.Doc.AccessIPv6 = canonicalIP(b.AccessIPv6)
+	}
+	if b.has("description") {
+		sv.Doc.Description = b.Description
+	}
+	if b.has("user_data") {
+		sv.Doc.UserData = b.UserData
+	}
+	if b.has("key_name") {
+		sv.KeyName, sv.Doc.PublicKey = "", ""
+		if kp != nil {
+			sv.KeyName, sv.Doc.PublicKey = kp.Name, kp.PublicKey
+		}
+	}
+	if b.has("hostname") {
+		sv.Hostname = b.Hostname
+	}
 }
 
 func (s *Service) actCreateImage(r *http.Request, arg json.RawMessage) (*api.Response, error) {
@@ -890,8 +794,9 @@ func (s *Service) actChangePassword(r *http.Request, arg json.RawMessage) (*api.
 }
 
 // imageFits is Nova's _validate_flavor_image_nostatus, for create and
-// rebuild alike: an image's min_ram, min_disk, size and virtual size
-// against a flavor's RAM (MiB) and root disk (GiB; 0 takes the image's).
+// rebuild alike: an image's min_ram, then size, virtual size and min_disk
+// (Nova's order and messages) against a flavor's RAM (MiB) and root disk
+// (GiB; 0 takes the image's).
 // The virtual size is the qcow2 header's, which the image's owner writes:
 // unchecked, a tiny image would give a root disk of any size.
 func imageFits(img *image.Image, ramMB, diskGB int) error {
@@ -902,13 +807,14 @@ func imageFits(img *image.Image, ramMB, diskGB int) error {
 		return nil
 	}
 	limit := int64(diskGB) << 30
-	if int64(img.MinDisk) > int64(diskGB) {
-		return api.BadRequest("Flavor's disk is too small for requested image.")
-	}
 	for _, size := range []int64{img.Size, img.VirtualSize} {
 		if size > limit {
 			return api.BadRequest("Flavor's disk is too small for requested image. Flavor disk is %d bytes, image is %d bytes.", limit, size)
 		}
+	}
+	if minDisk := int64(img.MinDisk) << 30; minDisk > limit {
+		return api.BadRequest("Flavor's disk is smaller than the minimum size specified in image metadata. "+
+			"Flavor disk is %d bytes, minimum size is %d bytes.", limit, minDisk)
 	}
 	return nil
 }

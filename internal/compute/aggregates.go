@@ -124,7 +124,7 @@ func aggregateNotFound(id int64) *api.Error {
 func loadAggregates(ctx context.Context, q store.Querier, ids ...int64) ([]*aggregate, error) {
 	where, args := "", []any{}
 	if len(ids) > 0 {
-		where = " WHERE id IN (" + placeholders(len(ids)) + ")"
+		where = " WHERE id IN (" + api.Placeholders(len(ids)) + ")"
 		for _, id := range ids {
 			args = append(args, id)
 		}
@@ -255,13 +255,13 @@ func validAZName(s string) bool { return validName(s) && !strings.Contains(s, ":
 func aggregateName(raw json.RawMessage, spaces bool) (string, error) {
 	name, ok := jsonString(raw)
 	if !ok {
-		return "", schemaError("name", raw, "%s is not of type 'string'", pyQuote(raw))
+		return "", api.SchemaError("name", raw, "%s is not of type 'string'", pyQuote(raw))
 	}
 	if spaces {
 		name = strings.TrimSpace(name)
 	}
 	if !validName(name) {
-		return "", schemaError("name", raw, "%s", nameProblem(name))
+		return "", api.SchemaError("name", raw, "%s", nameProblem(name))
 	}
 	return name, nil
 }
@@ -273,7 +273,7 @@ func aggregateZone(raw json.RawMessage) (*string, error) {
 	}
 	z, ok := jsonString(raw)
 	if !ok || !validAZName(z) {
-		return nil, schemaError(azKey, raw, "%s is not valid under any of the given schemas", pyQuote(raw))
+		return nil, api.SchemaError(azKey, raw, "%s is not valid under any of the given schemas", pyQuote(raw))
 	}
 	return &z, nil
 }
@@ -302,7 +302,7 @@ func (s *Service) createAggregate(r *http.Request) (*api.Response, error) {
 		}
 	}
 	if _, ok := body["name"]; !ok {
-		return nil, schemaError("aggregate", json.RawMessage(pyMap(body)), "'name' is a required property")
+		return nil, api.SchemaError("aggregate", json.RawMessage(pyMap(body)), "'name' is a required property")
 	}
 	if err := extraProperties("aggregate", body, "name", azKey); err != nil {
 		return nil, err
@@ -408,7 +408,7 @@ func checkZoneChange(ctx context.Context, tx *store.Tx, a *aggregate, zone *stri
 	}
 	rows, err := tx.Query(ctx, `SELECT DISTINCT h.aggregate_id, m.value FROM compute_aggregate_hosts h
 		JOIN compute_aggregate_metadata m ON m.aggregate_id = h.aggregate_id AND m.meta_key = ?
-		WHERE h.aggregate_id <> ? AND h.host IN (`+placeholders(len(hosts))+`) ORDER BY h.aggregate_id`, args...)
+		WHERE h.aggregate_id <> ? AND h.host IN (`+api.Placeholders(len(hosts))+`) ORDER BY h.aggregate_id`, args...)
 	if err != nil {
 		return err
 	}
@@ -433,7 +433,7 @@ func checkZoneChange(ctx context.Context, tx *store.Tx, a *aggregate, zone *stri
 	}
 	if checkServers && a.zone() != *zone {
 		var n int
-		if err := tx.QueryRow(ctx, "SELECT COUNT(*) FROM compute_servers WHERE deleted = 0 AND host IN ("+placeholders(len(hosts))+")",
+		if err := tx.QueryRow(ctx, "SELECT COUNT(*) FROM compute_servers WHERE deleted = 0 AND host IN ("+api.Placeholders(len(hosts))+")",
 			args[2:]...).Scan(&n); err != nil {
 			return err
 		}
@@ -472,7 +472,7 @@ func (s *Service) updateAggregate(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	if name == nil && !setZone {
-		return nil, schemaError("aggregate", json.RawMessage(pyMap(body)), "%s is not valid under any of the given schemas", pyMapRepr(body))
+		return nil, api.SchemaError("aggregate", json.RawMessage(pyMap(body)), "%s is not valid under any of the given schemas", pyMapRepr(body))
 	}
 	id, err := aggregateID(r)
 	if err != nil {
@@ -579,7 +579,7 @@ func (s *Service) aggregateAction(r *http.Request) (*api.Response, error) {
 	}
 	var args map[string]json.RawMessage
 	if err := json.Unmarshal(top[action], &args); err != nil || args == nil {
-		return nil, schemaError(action, top[action], "%s is not of type 'object'", pyQuote(top[action]))
+		return nil, api.SchemaError(action, top[action], "%s is not of type 'object'", pyQuote(top[action]))
 	}
 	if action == "set_metadata" {
 		return s.setMetadataAction(r, args)
@@ -602,16 +602,16 @@ func (s *Service) hostAction(r *http.Request, action string, args map[string]jso
 		h, isStr := jsonString(raw)
 		switch {
 		case !isStr:
-			return nil, schemaError("host", raw, "%s is not of type 'string'", pyQuote(raw))
+			return nil, api.SchemaError("host", raw, "%s is not of type 'string'", pyQuote(raw))
 		case h == "":
-			return nil, schemaError("host", raw, "'' is too short")
+			return nil, api.SchemaError("host", raw, "'' is too short")
 		case len(h) > 255:
-			return nil, schemaError("host", raw, "'%s' is too long", h)
+			return nil, api.SchemaError("host", raw, "'%s' is too long", h)
 		case !hostRE.MatchString(h):
-			return nil, schemaError("host", raw, "'%s' does not match '^[a-zA-Z0-9-._]*$'", h)
+			return nil, api.SchemaError("host", raw, "'%s' does not match '^[a-zA-Z0-9-._]*$'", h)
 		}
 	} else {
-		return nil, schemaError(action, json.RawMessage(pyMap(args)), "'host' is a required property")
+		return nil, api.SchemaError(action, json.RawMessage(pyMap(args)), "'host' is a required property")
 	}
 	if err := extraProperties(action, args, "host"); err != nil {
 		return nil, err
@@ -691,16 +691,16 @@ func (s *Service) setMetadataAction(r *http.Request, args map[string]json.RawMes
 	ctx := r.Context()
 	raw, ok := args["metadata"]
 	if !ok {
-		return nil, schemaError("set_metadata", json.RawMessage(pyMap(args)), "'metadata' is a required property")
+		return nil, api.SchemaError("set_metadata", json.RawMessage(pyMap(args)), "'metadata' is a required property")
 	}
 	var meta map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &meta); err != nil || meta == nil {
-		return nil, schemaError("metadata", raw, "%s is not of type 'object'", pyQuote(raw))
+		return nil, api.SchemaError("metadata", raw, "%s is not of type 'object'", pyQuote(raw))
 	}
 	updates := map[string]*string{}
 	for k, v := range meta {
 		if !metaKeyRE.MatchString(k) {
-			return nil, schemaError("metadata", raw, "Additional properties are not allowed ('%s' was unexpected)", k)
+			return nil, api.SchemaError("metadata", raw, "Additional properties are not allowed ('%s' was unexpected)", k)
 		}
 		if string(v) == "null" {
 			updates[k] = nil
@@ -708,10 +708,10 @@ func (s *Service) setMetadataAction(r *http.Request, args map[string]json.RawMes
 		}
 		str, ok := jsonString(v)
 		if !ok {
-			return nil, schemaError(k, v, "%s is not of type 'string', 'null'", pyQuote(v))
+			return nil, api.SchemaError(k, v, "%s is not of type 'string', 'null'", pyQuote(v))
 		}
 		if len([]rune(str)) > 255 {
-			return nil, schemaError(k, v, "'%s' is too long", str)
+			return nil, api.SchemaError(k, v, "'%s' is too long", str)
 		}
 		updates[k] = &str
 	}
@@ -772,28 +772,28 @@ func (s *Service) aggregateImages(r *http.Request) (*api.Response, error) {
 	}
 	raw, ok := body["cache"]
 	if !ok {
-		return nil, schemaError("body", json.RawMessage(pyMap(body)), "'cache' is a required property")
+		return nil, api.SchemaError("body", json.RawMessage(pyMap(body)), "'cache' is a required property")
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil || items == nil {
-		return nil, schemaError("cache", raw, "%s is not of type 'array'", pyQuote(raw))
+		return nil, api.SchemaError("cache", raw, "%s is not of type 'array'", pyQuote(raw))
 	}
 	if len(items) == 0 {
-		return nil, schemaError("cache", raw, "[] is too short")
+		return nil, api.SchemaError("cache", raw, "[] is too short")
 	}
 	var ids []string
 	for i, it := range items {
 		var m map[string]json.RawMessage
 		if err := json.Unmarshal(it, &m); err != nil || m == nil {
-			return nil, schemaError(strconv.Itoa(i), it, "%s is not of type 'object'", pyQuote(it))
+			return nil, api.SchemaError(strconv.Itoa(i), it, "%s is not of type 'object'", pyQuote(it))
 		}
 		idRaw, ok := m["id"]
 		if !ok {
-			return nil, schemaError(strconv.Itoa(i), it, "'id' is a required property")
+			return nil, api.SchemaError(strconv.Itoa(i), it, "'id' is a required property")
 		}
 		imageID, isStr := jsonString(idRaw)
 		if !isStr || !uuidRE.MatchString(imageID) {
-			return nil, schemaError("id", idRaw, "%s is not a 'uuid'", pyQuote(idRaw))
+			return nil, api.SchemaError("id", idRaw, "%s is not a 'uuid'", pyQuote(idRaw))
 		}
 		if err := extraProperties(strconv.Itoa(i), m, "id"); err != nil {
 			return nil, err

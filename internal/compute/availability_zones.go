@@ -43,14 +43,7 @@ func (s *Service) zoneOf(ctx context.Context, sv *serviceRow) string {
 
 func (s *Service) azList(r *http.Request, detail bool) (*api.Response, error) {
 	ctx := r.Context()
-	if err := s.ensureServices(ctx, false); err != nil {
-		return nil, err
-	}
-	svcs, err := loadServices(ctx, s.db)
-	if err != nil {
-		return nil, err
-	}
-	hosts, err := s.fleet(ctx)
+	svcs, hosts, err := s.servicesAndHosts(ctx)
 	if err != nil {
 		return nil, err
 	}

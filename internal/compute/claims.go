@@ -580,69 +580,65 @@ func releaseAll(st *scheduler.State, claims []scheduler.Claim) {
 }
 
 // placeAttempts bounds how often a placement looks again after the store
-// refused its claim or nothing fitted a stale snapshot.
+// refused its claims.
 const placeAttempts = 6
 
-// errStaleTask ends a placement whose server moved on meanwhile (a delete
-// during a build): nothing is written.
-var errStaleTask = errors.New("compute: the server's task changed")
+// placeJob is one placement: between least and most servers of one
+// request. It is the only path that places servers (a create's batch, a
+// build left in scheduling, an unshelve); resize claims on the server's own
+// host in its action.
+type placeJob struct {
+	req         scheduler.Request
+	rule        *groupRule
+	least, most int
+	// recordShort runs write even when fewer than least fit, for a caller
+	// that records the failure itself (a create's servers in ERROR with
+	// Nova's fault); otherwise place answers errNoValidHost, writing nothing.
+	recordShort bool
+	// write runs in the placing transaction, which may run more than once,
+	// with the claims reserved and their hosts' zones. It returns the keys
+	// to store the first claims under; the claims after them are released.
+	write func(tx *store.Tx, claims []scheduler.Claim, zones map[string]string) (keys []string, err error)
+}
 
-// placeOne places one existing server (a build left in scheduling by an
-// older version, an unshelve) while it still has task: in one transaction
-// it writes the claim and lets apply record the placement on the server.
-// errNoValidHost when nothing fits.
-func (s *Service) placeOne(ctx context.Context, sv *server, task string, apply func(tx *store.Tx, cur *server, c scheduler.Claim) error) error {
-	base, rule, err := s.constraints(ctx, placeRequestOf(sv))
+// newPlaceJob resolves where a request may go (zone, host, hints, group)
+// for servers of flavor f.
+func (s *Service) newPlaceJob(ctx context.Context, p placeRequest, f flavorSnap, least, most int) (*placeJob, error) {
+	base, rule, err := s.constraints(ctx, p)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	req := flavorRequest(sv.Doc.Flavor)
+	req := flavorRequest(f)
 	req.Zone, req.OnlyHosts, req.AvoidHosts = base.Zone, base.OnlyHosts, base.AvoidHosts
+	return &placeJob{req: req, rule: rule, least: least, most: most}, nil
+}
+
+// place runs a placement: the scheduler reserves claims on its snapshot,
+// one transaction runs the job's write and stores the claims it keeps
+// (which the store re-checks), the snapshot keeps those and releases the
+// rest, and a claim the store refused (a stale snapshot) reloads the
+// snapshot and looks again.
+func (s *Service) place(ctx context.Context, j *placeJob) error {
 	for attempt := 0; ; attempt++ {
-		st, err := s.schedState(ctx)
+		st, claims, err := s.reserve(ctx, j, attempt == 0)
 		if err != nil {
 			return err
 		}
-		claims := reserveBatch(st, req, rule, 1)
-		if len(claims) == 0 {
-			if attempt == 0 {
-				// The snapshot may hold what another controller freed.
-				if _, err := s.reloadSched(ctx); err != nil {
-					return err
-				}
-				continue
-			}
+		if len(claims) < j.least && !j.recordShort {
+			releaseAll(st, claims)
 			return errNoValidHost
 		}
-		c := claims[0]
-		var written *server
-		err = s.db.Tx(ctx, func(tx *store.Tx) error {
-			written = nil
-			cur, err := s.loadServer(ctx, tx, sv.ID, true)
-			if err != nil {
-				return err
-			}
-			if cur.TaskState != task || cur.Deleted {
-				return errStaleTask
-			}
-			if err := writeClaim(ctx, tx, sv.ID, c, s.now()); err != nil {
-				return err
-			}
-			if err := apply(tx, cur, c); err != nil {
-				return err
-			}
-			written = cur
-			return nil
-		})
+		kept := 0
+		zones, err := s.zonesOf(ctx, claims)
 		if err == nil {
-			s.keepAll(st, claims)
-			s.queue.fresh.Store(sv.ID, written)
+			kept, err = s.placeTx(ctx, j, claims, zones)
+		}
+		if err == nil {
+			releaseAll(st, claims[kept:])
+			s.keepAll(st, claims[:kept])
 			return nil
 		}
-		st.Release(c)
-		if errors.Is(err, errStaleTask) {
-			return nil
-		}
+		releaseAll(st, claims)
 		if !errors.Is(err, errClaimConflict) || attempt >= placeAttempts {
 			return err
 		}
@@ -650,6 +646,88 @@ func (s *Service) placeOne(ctx context.Context, sv *server, task string, apply f
 			return err
 		}
 	}
+}
+
+// reserve reserves up to the job's most claims on the snapshot. A first
+// attempt that falls short of least reloads the snapshot, which may hold
+// what another controller freed, and reserves again.
+func (s *Service) reserve(ctx context.Context, j *placeJob, first bool) (*scheduler.State, []scheduler.Claim, error) {
+	st, err := s.schedState(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	claims := reserveBatch(st, j.req, j.rule, j.most)
+	if len(claims) >= j.least || !first {
+		return st, claims, nil
+	}
+	releaseAll(st, claims)
+	if st, err = s.reloadSched(ctx); err != nil {
+		return nil, nil, err
+	}
+	return st, reserveBatch(st, j.req, j.rule, j.most), nil
+}
+
+// placeTx is a placement's transaction: the job's write, then the claims
+// it keeps. It returns how many claims were kept.
+func (s *Service) placeTx(ctx context.Context, j *placeJob, claims []scheduler.Claim, zones map[string]string) (int, error) {
+	kept := 0
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		keys, err := j.write(tx, claims, zones)
+		if err != nil {
+			return err
+		}
+		if len(keys) > len(claims) {
+			return fmt.Errorf("compute: %d claim keys for %d claims", len(keys), len(claims))
+		}
+		now := s.now()
+		for i, key := range keys {
+			if err := writeClaim(ctx, tx, key, claims[i], now); err != nil {
+				return err
+			}
+		}
+		kept = len(keys)
+		return nil
+	})
+	return kept, err
+}
+
+// errStaleTask ends a placement whose server moved on meanwhile (a delete
+// during a build): nothing is written.
+var errStaleTask = errors.New("compute: the server's task changed")
+
+// placeOne places one existing server (a build left in scheduling by an
+// older version, an unshelve) while it still has task: in the placing
+// transaction apply records the placement on the server. errNoValidHost
+// when nothing fits.
+func (s *Service) placeOne(ctx context.Context, sv *server, task string, apply func(tx *store.Tx, cur *server, c scheduler.Claim) error) error {
+	j, err := s.newPlaceJob(ctx, placeRequestOf(sv), sv.Doc.Flavor, 1, 1)
+	if err != nil {
+		return err
+	}
+	var written *server
+	j.write = func(tx *store.Tx, claims []scheduler.Claim, _ map[string]string) ([]string, error) {
+		written = nil
+		cur, err := s.loadServer(ctx, tx, sv.ID, true)
+		if err != nil {
+			return nil, err
+		}
+		if cur.TaskState != task || cur.Deleted {
+			return nil, errStaleTask
+		}
+		if err := apply(tx, cur, claims[0]); err != nil {
+			return nil, err
+		}
+		written = cur
+		return []string{sv.ID}, nil
+	}
+	switch err := s.place(ctx, j); {
+	case errors.Is(err, errStaleTask):
+		return nil
+	case err != nil:
+		return err
+	}
+	s.fresh.Store(sv.ID, written)
+	return nil
 }
 
 // backfillClaims gives a claim to every placed server that has none (a

@@ -65,7 +65,7 @@ func (s *Service) handleRemoteConsole(r *http.Request) (*api.Response, error) {
 	}
 	for _, f := range []string{"protocol", "type"} {
 		if _, ok := body[f]; !ok {
-			return nil, schemaError("remote_console", body, "'%s' is a required property", f)
+			return nil, api.SchemaError("remote_console", body, "'%s' is a required property", f)
 		}
 	}
 	protocol, err := enumField(body, "protocol", protocols)
@@ -110,13 +110,13 @@ func (s *Service) actGetConsole(r *http.Request, name string, arg json.RawMessag
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
-		return nil, badField(name, arg, fmt.Sprintf("%s is not of type 'object'", pyRepr(arg)))
+		return nil, badField(name, arg, fmt.Sprintf("%s is not of type 'object'", api.PyRepr(arg)))
 	}
 	if err := api.UnknownFields(obj, "type"); err != nil {
 		return nil, err
 	}
 	if _, ok := obj["type"]; !ok {
-		return nil, schemaError(name, obj, "'type' is a required property")
+		return nil, api.SchemaError(name, obj, "'type' is a required property")
 	}
 	typ, err := enumField(obj, "type", legacyConsoles[name])
 	if err != nil {
@@ -142,14 +142,14 @@ func enumField(obj map[string]json.RawMessage, field string, allowed []string) (
 	raw := obj[field]
 	v, ok := rawString(raw)
 	if !ok {
-		return "", schemaError(field, raw, "%s is not of type 'string'", pyRepr(raw))
+		return "", api.SchemaError(field, raw, "%s is not of type 'string'", api.PyRepr(raw))
 	}
 	for _, a := range allowed {
 		if v == a {
 			return v, nil
 		}
 	}
-	return "", schemaError(field, raw, "'%s' is not one of ['%s']", v, strings.Join(allowed, "', '"))
+	return "", api.SchemaError(field, raw, "'%s' is not one of ['%s']", v, strings.Join(allowed, "', '"))
 }
 
 // consoleServer loads the server a console is asked of: the caller's own

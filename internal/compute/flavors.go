@@ -211,7 +211,7 @@ func (s *Service) flavorList(r *http.Request, detail bool) (*api.Response, error
 			case strings.EqualFold(raw[0], "none"):
 				isPublic = nil
 			default:
-				b, ok := parseBoolString(raw[0])
+				b, ok := api.ParseBool(raw[0])
 				if !ok {
 					return nil, api.BadRequest("Invalid is_public filter [%s]", raw[0])
 				}
@@ -399,13 +399,13 @@ func (s *Service) createFlavor(r *http.Request) (*api.Response, error) {
 	}
 	for _, req := range []string{"name", "ram", "vcpus", "disk"} {
 		if _, ok := body[req]; !ok {
-			return nil, schemaError("flavor", body, "'%s' is a required property", req)
+			return nil, api.SchemaError("flavor", body, "'%s' is a required property", req)
 		}
 	}
 	f := &Flavor{RxTxFactor: 1, IsPublic: true, ExtraSpecs: map[string]string{}, CreatedAt: s.now()}
 	name, ok := rawString(body["name"])
 	if !ok || !validName(name) {
-		return nil, schemaError("name", body["name"], "%s is not a valid name: it must be 1 to 255 printable characters without leading or trailing whitespace", pyRepr(body["name"]))
+		return nil, api.SchemaError("name", body["name"], "%s is not a valid name: it must be 1 to 255 printable characters without leading or trailing whitespace", api.PyRepr(body["name"]))
 	}
 	f.Name = name
 	if raw, ok := body["id"]; ok && string(raw) != "null" {
@@ -414,12 +414,12 @@ func (s *Service) createFlavor(r *http.Request) (*api.Response, error) {
 			// Nova accepts a number for the id and stores it as text.
 			var n json.Number
 			if json.Unmarshal(raw, &n) != nil {
-				return nil, schemaError("id", raw, "%s is not of type 'string', 'number', 'null'", pyRepr(raw))
+				return nil, api.SchemaError("id", raw, "%s is not of type 'string', 'number', 'null'", api.PyRepr(raw))
 			}
 			id = n.String()
 		}
 		if id == "" || len(id) > 255 || strings.TrimSpace(id) != id || !flavorIDPattern.MatchString(id) {
-			return nil, schemaError("id", raw, "%s does not match '^(?! )[a-zA-Z0-9. _-]+(?<! )$'", id)
+			return nil, api.SchemaError("id", raw, "%s does not match '^(?! )[a-zA-Z0-9. _-]+(?<! )$'", id)
 		}
 		f.ID = id
 	} else {
@@ -449,11 +449,11 @@ func (s *Service) createFlavor(r *http.Request) (*api.Response, error) {
 		if err := json.Unmarshal(raw, &x); err != nil {
 			str, ok := rawString(raw)
 			if !ok || json.Unmarshal([]byte(str), &x) != nil {
-				return nil, schemaError("rxtx_factor", raw, "%s is not of type 'number', 'string'", pyRepr(raw))
+				return nil, api.SchemaError("rxtx_factor", raw, "%s is not of type 'number', 'string'", api.PyRepr(raw))
 			}
 		}
 		if x <= 0 || x > 3.40282e+38 {
-			return nil, schemaError("rxtx_factor", raw, "%s is less than or equal to the minimum of 0", pyRepr(raw))
+			return nil, api.SchemaError("rxtx_factor", raw, "%s is less than or equal to the minimum of 0", api.PyRepr(raw))
 		}
 		f.RxTxFactor = x
 	}
@@ -465,7 +465,7 @@ func (s *Service) createFlavor(r *http.Request) (*api.Response, error) {
 	if raw, ok := body["description"]; ok && string(raw) != "null" {
 		d, ok := rawString(raw)
 		if !ok || len([]rune(d)) > 65535 {
-			return nil, schemaError("description", raw, "%s is not of type 'string', 'null'", pyRepr(raw))
+			return nil, api.SchemaError("description", raw, "%s is not of type 'string', 'null'", api.PyRepr(raw))
 		}
 		f.Description = &d
 	}
@@ -527,13 +527,13 @@ func (s *Service) updateFlavor(r *http.Request) (*api.Response, error) {
 	}
 	raw, ok := body["description"]
 	if !ok {
-		return nil, schemaError("flavor", body, "'description' is a required property")
+		return nil, api.SchemaError("flavor", body, "'description' is a required property")
 	}
 	var desc *string
 	if string(raw) != "null" {
 		d, ok := rawString(raw)
 		if !ok || len([]rune(d)) > 65535 {
-			return nil, schemaError("description", raw, "%s is not of type 'string', 'null'", pyRepr(raw))
+			return nil, api.SchemaError("description", raw, "%s is not of type 'string', 'null'", api.PyRepr(raw))
 		}
 		desc = &d
 	}
@@ -591,7 +591,7 @@ var specKeyPattern = regexp.MustCompile(`^[a-zA-Z0-9-_:. /]{1,255}$`)
 func specValue(key string, raw json.RawMessage) (string, error) {
 	if s, ok := rawString(raw); ok {
 		if len([]rune(s)) > 255 {
-			return "", schemaError(key, raw, "'%s' is too long", s)
+			return "", api.SchemaError(key, raw, "'%s' is too long", s)
 		}
 		return s, nil
 	}
@@ -603,7 +603,7 @@ func specValue(key string, raw json.RawMessage) (string, error) {
 	if json.Unmarshal(raw, &n) == nil {
 		return n.String(), nil
 	}
-	return "", schemaError(key, raw, "%s is not of type 'string', 'number', 'boolean'", pyRepr(raw))
+	return "", api.SchemaError(key, raw, "%s is not of type 'string', 'number', 'boolean'", api.PyRepr(raw))
 }
 
 // validateSpecs checks keys and values and, from 2.86, the values of the
@@ -648,7 +648,7 @@ func validateKnownSpec(k, val string) error {
 			return bad(fmt.Sprintf("'%s' is not one of ['local', 'network']", val))
 		}
 	case "nimbus:public_ipv4":
-		if _, ok := parseBoolString(val); !ok {
+		if _, ok := api.ParseBool(val); !ok {
 			return bad(fmt.Sprintf("'%s' is not a boolean", val))
 		}
 	}
@@ -835,18 +835,18 @@ func (s *Service) flavorAction(r *http.Request) (*api.Response, error) {
 	}
 	var args map[string]json.RawMessage
 	if err := json.Unmarshal(inner, &args); err != nil || args == nil {
-		return nil, schemaError(action, inner, "%s is not of type 'object'", pyRepr(inner))
+		return nil, api.SchemaError(action, inner, "%s is not of type 'object'", api.PyRepr(inner))
 	}
 	if err := api.UnknownFields(args, "tenant"); err != nil {
 		return nil, err
 	}
 	raw, ok := args["tenant"]
 	if !ok {
-		return nil, schemaError(action, inner, "'tenant' is a required property")
+		return nil, api.SchemaError(action, inner, "'tenant' is a required property")
 	}
 	tenant, ok := rawString(raw)
 	if !ok || tenant == "" || len(tenant) > 255 {
-		return nil, schemaError("tenant", raw, "%s is not a valid project id", pyRepr(raw))
+		return nil, api.SchemaError("tenant", raw, "%s is not a valid project id", api.PyRepr(raw))
 	}
 	if action == "addTenantAccess" {
 		if err := s.verifyProject(ctx, tenant); err != nil {

@@ -27,16 +27,23 @@ type hypervisor struct {
 
 func (h *hypervisor) up() bool { return h.known && h.host.Up && !h.svc.ForcedDown }
 
-// hypervisors loads every compute node, by id.
-func (s *Service) hypervisors(ctx context.Context) ([]*hypervisor, error) {
+// servicesAndHosts is every compute service, made first for hosts that
+// have none, and the fleet's hosts by name.
+func (s *Service) servicesAndHosts(ctx context.Context) ([]*serviceRow, map[string]driver.Host, error) {
 	if err := s.ensureServices(ctx, false); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	svcs, err := loadServices(ctx, s.db)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	hosts, err := s.fleet(ctx)
+	return svcs, hosts, err
+}
+
+// hypervisors loads every compute node, by id.
+func (s *Service) hypervisors(ctx context.Context) ([]*hypervisor, error) {
+	svcs, hosts, err := s.servicesAndHosts(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +190,7 @@ func withServersParam(r *http.Request) (bool, error) {
 	if !ok || !VersionFrom(r.Context()).AtLeast(53) {
 		return false, nil
 	}
-	b, ok := parseBoolString(raw[0])
+	b, ok := api.ParseBool(raw[0])
 	if !ok {
 		return false, api.BadRequest("Invalid input for query parameters with_servers. Value: %s. '%s' is not one of ['True', 'true', '1', 'yes', 'False', 'false', '0', 'no']", raw[0], raw[0])
 	}

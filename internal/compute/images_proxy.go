@@ -141,7 +141,7 @@ func (s *Service) proxyList(detail bool) api.HandlerFunc {
 			if detail {
 				path = "images/detail"
 			}
-			body["images_links"] = []map[string]string{{"rel": "next", "href": links(r, path)[0]["href"] + "?" + encodeSorted(nq)}}
+			body["images_links"] = []map[string]string{{"rel": "next", "href": links(r, path)[0]["href"] + "?" + nq.Encode()}}
 		}
 		return api.JSON(http.StatusOK, body), nil
 	}

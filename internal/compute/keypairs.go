@@ -235,11 +235,11 @@ func (s *Service) createKeypair(r *http.Request) (*api.Response, error) {
 	}
 	rawName, ok := body["name"]
 	if !ok {
-		return nil, schemaError("keypair", body, "'name' is a required property")
+		return nil, api.SchemaError("keypair", body, "'name' is a required property")
 	}
 	name, ok := rawString(rawName)
 	if !ok {
-		return nil, schemaError("name", rawName, "%s is not of type 'string'", pyRepr(rawName))
+		return nil, api.SchemaError("name", rawName, "%s is not of type 'string'", api.PyRepr(rawName))
 	}
 	if err := validKeypairName(name, v); err != nil {
 		return nil, err
@@ -248,7 +248,7 @@ func (s *Service) createKeypair(r *http.Request) (*api.Response, error) {
 	if raw, ok := body["type"]; ok {
 		t, ok := rawString(raw)
 		if !ok || (t != "ssh" && t != "x509") {
-			return nil, schemaError("type", raw, "%s is not one of ['ssh', 'x509']", pyRepr(raw))
+			return nil, api.SchemaError("type", raw, "%s is not one of ['ssh', 'x509']", api.PyRepr(raw))
 		}
 		typ = t
 	}
@@ -256,7 +256,7 @@ func (s *Service) createKeypair(r *http.Request) (*api.Response, error) {
 	if raw, ok := body["user_id"]; ok {
 		u, ok := rawString(raw)
 		if !ok || u == "" || len(u) > 255 {
-			return nil, schemaError("user_id", raw, "%s is not of type 'string'", pyRepr(raw))
+			return nil, api.SchemaError("user_id", raw, "%s is not of type 'string'", api.PyRepr(raw))
 		}
 		requestedUser = u
 	}
@@ -269,7 +269,7 @@ func (s *Service) createKeypair(r *http.Request) (*api.Response, error) {
 	if raw, ok := body["public_key"]; ok {
 		pub, ok := rawString(raw)
 		if !ok || len(pub) < 1 {
-			return nil, schemaError("public_key", raw, "%s is not of type 'string'", pyRepr(raw))
+			return nil, api.SchemaError("public_key", raw, "%s is not of type 'string'", api.PyRepr(raw))
 		}
 		if len(pub) > maxPublicKey {
 			return nil, keypairInvalid("public_key is too long")
@@ -280,7 +280,7 @@ func (s *Service) createKeypair(r *http.Request) (*api.Response, error) {
 		}
 	} else {
 		if v.AtLeast(92) {
-			return nil, schemaError("keypair", body, "'public_key' is a required property")
+			return nil, api.SchemaError("keypair", body, "'public_key' is a required property")
 		}
 		if k.PublicKey, private, k.Fingerprint, err = generateKeypair(typ, user); err != nil {
 			return nil, err

@@ -49,8 +49,8 @@ func (s *Service) moveMeter(ctx context.Context, q store.Querier, sv *server) er
 // creation; hours billing already charged are not charged again (the
 // ledger is unique per server and hour).
 func (s *Service) backfillMeter(ctx context.Context) error {
-	rows, err := s.db.Query(ctx, `SELECT `+serverCols+` FROM compute_servers WHERE deleted = 0 AND host <> ''
- AND NOT EXISTS (SELECT 1 FROM metering_periods m WHERE m.resource_id = compute_servers.id)`)
+	rows, err := s.db.Query(ctx, `SELECT `+serverCols+` FROM compute_servers WHERE deleted = 0 AND host <> '' AND `+
+		metering.Unmetered("compute_servers.id", false))
 	if err != nil {
 		return err
 	}

@@ -14,11 +14,11 @@ func TestParseVersion(t *testing.T) {
 		want    Version
 		status  int // 0 when no error
 	}{
-		{"no header is 2.1", nil, Version{2, 1}, 0},
-		{"new header", map[string]string{"OpenStack-API-Version": "compute 2.47"}, Version{2, 47}, 0},
-		{"legacy header", map[string]string{"X-OpenStack-Nova-API-Version": "2.37"}, Version{2, 37}, 0},
-		{"new header wins", map[string]string{"OpenStack-API-Version": "compute 2.60", "X-OpenStack-Nova-API-Version": "2.3"}, Version{2, 60}, 0},
-		{"other service ignored", map[string]string{"OpenStack-API-Version": "volume 3.10"}, Version{2, 1}, 0},
+		{"no header is 2.1", nil, Version{Major: 2, Minor: 1}, 0},
+		{"new header", map[string]string{"OpenStack-API-Version": "compute 2.47"}, Version{Major: 2, Minor: 47}, 0},
+		{"legacy header", map[string]string{"X-OpenStack-Nova-API-Version": "2.37"}, Version{Major: 2, Minor: 37}, 0},
+		{"new header wins", map[string]string{"OpenStack-API-Version": "compute 2.60", "X-OpenStack-Nova-API-Version": "2.3"}, Version{Major: 2, Minor: 60}, 0},
+		{"other service ignored", map[string]string{"OpenStack-API-Version": "volume 3.10"}, Version{Major: 2, Minor: 1}, 0},
 		{"latest", map[string]string{"OpenStack-API-Version": "compute latest"}, MaxVersion, 0},
 		{"too new", map[string]string{"OpenStack-API-Version": "compute 2.999"}, Version{}, 406},
 		{"too old", map[string]string{"X-OpenStack-Nova-API-Version": "2.0"}, Version{}, 406},
@@ -30,7 +30,7 @@ func TestParseVersion(t *testing.T) {
 			for k, v := range tt.headers {
 				r.Header.Set(k, v)
 			}
-			got, err := parseVersion(r)
+			got, err := microversions.Parse(r)
 			if tt.status != 0 {
 				if e := api.AsError(err); err == nil || e.Status != tt.status {
 					t.Fatalf("err = %v, want status %d", err, tt.status)
@@ -38,7 +38,7 @@ func TestParseVersion(t *testing.T) {
 				return
 			}
 			if err != nil || got != tt.want {
-				t.Fatalf("parseVersion = %v, %v; want %v", got, err, tt.want)
+				t.Fatalf("Parse = %v, %v; want %v", got, err, tt.want)
 			}
 		})
 	}

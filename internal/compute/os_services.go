@@ -343,14 +343,7 @@ func (s *Service) serviceView(r *http.Request, sv *serviceRow, hosts map[string]
 
 func (s *Service) listServices(r *http.Request) (*api.Response, error) {
 	ctx := r.Context()
-	if err := s.ensureServices(ctx, false); err != nil {
-		return nil, err
-	}
-	svcs, err := loadServices(ctx, s.db)
-	if err != nil {
-		return nil, err
-	}
-	hosts, err := s.fleet(ctx)
+	svcs, hosts, err := s.servicesAndHosts(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -409,14 +402,14 @@ func (s *Service) updateServiceLegacy(r *http.Request) (*api.Response, error) {
 	for _, f := range fields {
 		raw, ok := body[f]
 		if !ok {
-			return nil, schemaError("body", body, "'%s' is a required property", f)
+			return nil, api.SchemaError("body", body, "'%s' is a required property", f)
 		}
 		if f == "forced_down" {
 			continue
 		}
 		str, ok := rawString(raw)
 		if !ok || str == "" || len(str) > 255 {
-			return nil, schemaError(f, raw, "%s is not a valid %s", pyRepr(raw), f)
+			return nil, api.SchemaError(f, raw, "%s is not a valid %s", api.PyRepr(raw), f)
 		}
 		vals[f] = str
 	}
@@ -497,7 +490,7 @@ func (s *Service) updateServiceByID(r *http.Request) (*api.Response, error) {
 	if raw, ok := body["status"]; ok {
 		st, ok := rawString(raw)
 		if !ok || (st != "enabled" && st != "disabled") {
-			return nil, schemaError("status", raw, "%s is not one of ['enabled', 'disabled']", pyRepr(raw))
+			return nil, api.SchemaError("status", raw, "%s is not one of ['enabled', 'disabled']", api.PyRepr(raw))
 		}
 		status = st
 	}
@@ -505,7 +498,7 @@ func (s *Service) updateServiceByID(r *http.Request) (*api.Response, error) {
 	if raw, ok := body["disabled_reason"]; ok {
 		str, ok := rawString(raw)
 		if !ok || str == "" || len(str) > 255 {
-			return nil, schemaError("disabled_reason", raw, "%s is not of type 'string'", pyRepr(raw))
+			return nil, api.SchemaError("disabled_reason", raw, "%s is not of type 'string'", api.PyRepr(raw))
 		}
 		reason, hasReason = str, true
 	}

@@ -18,8 +18,15 @@ import (
 // on both engines; this package cannot import testenv without a cycle.)
 func newResourceService(t *testing.T) (*Service, *fake.Driver) {
 	t.Helper()
+	return serviceOn(t, filepath.Join(t.TempDir(), "nimbus.db"))
+}
+
+// serviceOn is a compute service on a fresh database dbURL with the fake
+// fleet registered, and that fleet's driver.
+func serviceOn(t *testing.T, dbURL string) (*Service, *fake.Driver) {
+	t.Helper()
 	ctx := context.Background()
-	db, err := store.Open(ctx, filepath.Join(t.TempDir(), "nimbus.db"))
+	db, err := store.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,6 +40,23 @@ func newResourceService(t *testing.T) (*Service, *fake.Driver) {
 		t.Fatal(err)
 	}
 	return s, drv
+}
+
+// setHostService applies a service action (os-services) to host's compute
+// service.
+func setHostService(t *testing.T, s *Service, host, action string, forced bool) {
+	t.Helper()
+	ctx := context.Background()
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		sv, err := scanService(tx.QueryRow(ctx, "SELECT "+serviceColumns+" FROM compute_services WHERE host = ? AND binary_name = ?", host, binCompute))
+		if err != nil {
+			return err
+		}
+		return s.setService(ctx, tx, sv, action, "test", forced)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func hostNames(t *testing.T, s *Service) []string {
@@ -54,18 +78,7 @@ func TestEnabledHosts(t *testing.T) {
 	if got := hostNames(t, s); len(got) != 5 {
 		t.Fatalf("enabled hosts %v", got)
 	}
-	change := func(host, action string, forced bool) {
-		err := s.db.Tx(ctx, func(tx *store.Tx) error {
-			sv, err := scanService(tx.QueryRow(ctx, "SELECT "+serviceColumns+" FROM compute_services WHERE host = ? AND binary_name = ?", host, binCompute))
-			if err != nil {
-				return err
-			}
-			return s.setService(ctx, tx, sv, action, "test", forced)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	change := func(host, action string, forced bool) { setHostService(t, s, host, action, forced) }
 	change("fake-host-1", "disable-log-reason", false)
 	change("fake-host-2", "force-down", true)
 	drv.SetHostUp("fake-host-3", false)
@@ -115,18 +128,7 @@ func TestServicesForNewHosts(t *testing.T) {
 func TestHostStates(t *testing.T) {
 	ctx := context.Background()
 	s, drv := newResourceService(t)
-	set := func(host, action string, forced bool) {
-		err := s.db.Tx(ctx, func(tx *store.Tx) error {
-			sv, err := scanService(tx.QueryRow(ctx, "SELECT "+serviceColumns+" FROM compute_services WHERE host = ? AND binary_name = ?", host, binCompute))
-			if err != nil {
-				return err
-			}
-			return s.setService(ctx, tx, sv, action, "test", forced)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	set := func(host, action string, forced bool) { setHostService(t, s, host, action, forced) }
 	set("fake-host-1", "disable-log-reason", false)
 	set("fake-host-2", "force-down", true)
 	drv.SetHostUp("fake-host-3", false)

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"nimbus/internal/api"
+	"nimbus/internal/quota"
 	"nimbus/internal/store"
 )
 
@@ -50,24 +51,16 @@ func quotaVisible(v Version) []quotaResource {
 // projectQuotas returns every resource's limit for a project: its own
 // values over the defaults.
 func projectQuotas(ctx context.Context, q store.Querier, projectID string) (map[string]int, error) {
-	out := map[string]int{}
+	defaults := make(map[string]int64, len(quotaResources))
 	for _, r := range quotaResources {
-		out[r.name] = r.def
+		defaults[r.name] = int64(r.def)
 	}
-	rows, err := q.Query(ctx, "SELECT resource, hard_limit FROM compute_quotas WHERE project_id = ?", projectID)
-	if err != nil {
-		return nil, err
+	lim, err := quota.Limits(ctx, q, "compute_quotas", projectID, defaults)
+	out := make(map[string]int, len(lim))
+	for k, v := range lim {
+		out[k] = int(v)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var name string
-		var limit int64
-		if err := rows.Scan(&name, &limit); err != nil {
-			return nil, err
-		}
-		out[name] = int(limit)
-	}
-	return out, rows.Err()
+	return out, err
 }
 
 // quotaFor returns a project's quota (its own values over the defaults).
@@ -226,10 +219,8 @@ func (s *Service) updateQuotaSet(r *http.Request) (*api.Response, error) {
 			}
 		}
 		for k, n := range values {
-			if _, err := tx.Exec(ctx, "DELETE FROM compute_quotas WHERE project_id = ? AND resource = ?", p, k); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, "INSERT INTO compute_quotas (project_id, resource, hard_limit) VALUES (?, ?, ?)", p, k, n); err != nil {
+			limit := int64(n)
+			if err := quota.Set(ctx, tx, "compute_quotas", p, k, &limit); err != nil {
 				return err
 			}
 		}
@@ -256,13 +247,13 @@ func quotaValue(field string, raw []byte) (int, error) {
 	}
 	n, err := strconv.ParseInt(str, 10, 64)
 	if err != nil {
-		return 0, schemaError(field, raw, "%s is not of type 'integer', 'string'", pyRepr(raw))
+		return 0, api.SchemaError(field, raw, "%s is not of type 'integer', 'string'", api.PyRepr(raw))
 	}
 	if n < -1 {
-		return 0, schemaError(field, raw, "%d is less than the minimum of -1", n)
+		return 0, api.SchemaError(field, raw, "%d is less than the minimum of -1", n)
 	}
 	if n > 2147483647 {
-		return 0, schemaError(field, raw, "%d is greater than the maximum of 2147483647", n)
+		return 0, api.SchemaError(field, raw, "%d is greater than the maximum of 2147483647", n)
 	}
 	return int(n), nil
 }

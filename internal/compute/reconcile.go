@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"nimbus/internal/api"
@@ -33,100 +32,14 @@ func (s *Service) workerCount() int {
 	return 6
 }
 
-// workQueue is a FIFO of server ids in which an id appears at most once;
-// an id enqueued while a worker holds it is handed out again afterwards.
-type workQueue struct {
-	mu      sync.Mutex
-	cond    *sync.Cond
-	order   []string
-	queued  map[string]bool
-	running map[string]bool
-	again   map[string]bool
-	closed  bool
-
-	// fresh holds, per server id, the row a worker's last step committed,
-	// so that the next step need not read it again. Only the worker that
-	// holds the id uses its entry; a stale entry costs at most a wasted
-	// driver call, since every commit re-checks the task state.
-	fresh sync.Map
-}
-
-func newWorkQueue() *workQueue {
-	q := &workQueue{queued: map[string]bool{}, running: map[string]bool{}, again: map[string]bool{}}
-	q.cond = sync.NewCond(&q.mu)
-	return q
-}
-
-func (q *workQueue) add(id string) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	switch {
-	case q.running[id]:
-		q.again[id] = true
-	case !q.queued[id]:
-		q.queued[id] = true
-		q.order = append(q.order, id)
-		q.cond.Signal()
-	}
-}
-
-// take blocks for the next id; ok is false once the queue is closed.
-func (q *workQueue) take() (string, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for len(q.order) == 0 && !q.closed {
-		q.cond.Wait()
-	}
-	if q.closed {
-		return "", false
-	}
-	id := q.order[0]
-	q.order = q.order[1:]
-	delete(q.queued, id)
-	q.running[id] = true
-	return id, true
-}
-
-func (q *workQueue) done(id string) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	delete(q.running, id)
-	if q.again[id] {
-		delete(q.again, id)
-		q.queued[id] = true
-		q.order = append(q.order, id)
-		q.cond.Signal()
-	}
-}
-
-func (q *workQueue) close() {
-	q.mu.Lock()
-	q.closed = true
-	q.mu.Unlock()
-	q.cond.Broadcast()
-}
-
-// enqueue asks the reconcile loop to look at a server.
-func (s *Service) enqueue(id string) { s.queue.add(id) }
+// enqueue asks the reconcile loop to look at a server: a new request,
+// which also resets the server's retry backoff.
+func (s *Service) enqueue(id string) { s.queue.Add(id) }
 
 // Run drives the reconcile loop until ctx ends: it resumes every unfinished
 // task found in the store, then serves new ones.
 func (s *Service) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	for i := 0; i < s.workerCount(); i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				id, ok := s.queue.take()
-				if !ok {
-					return
-				}
-				s.reconcile(ctx, id)
-				s.queue.done(id)
-			}
-		}()
-	}
+	s.queue.Work(s.workerCount(), func(id string) error { return s.reconcile(ctx, id) })
 	if err := s.backfillMeter(ctx); err != nil && ctx.Err() == nil {
 		s.log.Error("metering: backfill failed", "error", err)
 	}
@@ -151,8 +64,7 @@ func (s *Service) Run(ctx context.Context) {
 			s.syncInstances(ctx)
 		}
 	}
-	s.queue.close()
-	wg.Wait()
+	s.queue.Shutdown()
 }
 
 // resume enqueues servers with unfinished tasks and squares the driver's
@@ -182,6 +94,11 @@ func (s *Service) resume(ctx context.Context) {
 const (
 	// hostDownRetry is how soon a step that found its host down looks again.
 	hostDownRetry = 5 * time.Second
+	// stepRetry is how soon a step that failed to commit (the store or a
+	// collaborator failed, not the driver) is tried again; each failure
+	// in a row of the same server doubles it, up to stepRetryMax.
+	stepRetry    = 500 * time.Millisecond
+	stepRetryMax = time.Minute
 	// instanceSync is how often the driver's view of the VMs is squared
 	// with the store, as nova's _sync_power_states and
 	// _cleanup_running_deleted_instances do.
@@ -272,30 +189,36 @@ func (s *Service) syncPower(ctx context.Context, id string, power driver.PowerSt
 // stepResult is what a driver step asks to write.
 type stepResult func(tx *store.Tx, sv *server) error
 
-// reconcile walks one server until it rests or ctx ends.
-func (s *Service) reconcile(ctx context.Context, id string) {
-	defer s.queue.fresh.Delete(id)
+// reconcile walks one server until it rests or ctx ends. An error asks
+// the queue to try the server again after its backoff.
+func (s *Service) reconcile(ctx context.Context, id string) error {
+	defer s.fresh.Delete(id)
 	for i := 0; i < 32 && ctx.Err() == nil; i++ {
 		var sv *server
 		var err error
-		if v, ok := s.queue.fresh.LoadAndDelete(id); ok {
+		if v, ok := s.fresh.LoadAndDelete(id); ok {
 			sv = v.(*server)
 		} else {
 			sv, err = s.loadServer(ctx, s.db, id, false)
 		}
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
 		if err != nil {
-			if !errors.Is(err, store.ErrNotFound) {
-				s.log.Error("reconcile: load failed", "server", id, "error", err)
+			if ctx.Err() != nil {
+				return nil // shutting down: resumed at the next start
 			}
-			return
+			s.log.Error("reconcile: load failed", "server", id, "error", err)
+			return err
 		}
 		if sv.Deleted || (sv.TaskState == "" && sv.VMState != vmBuilding) {
-			return
+			return nil
 		}
-		if !s.step(ctx, sv) {
-			return
+		if more, err := s.step(ctx, sv); !more {
+			return err
 		}
 	}
+	return nil
 }
 
 // commit writes a step's result if the server still has the task state the
@@ -318,7 +241,7 @@ func (s *Service) commit(ctx context.Context, id, task string, f stepResult) err
 		return nil
 	})
 	if err == nil && written != nil {
-		s.queue.fresh.Store(id, written)
+		s.fresh.Store(id, written)
 	}
 	return err
 }
@@ -552,8 +475,9 @@ func (s *Service) fail(ctx context.Context, sv *server, task, event string, star
 	})
 }
 
-// step performs the next step for sv; it reports whether to look again.
-func (s *Service) step(ctx context.Context, sv *server) bool {
+// step performs the next step for sv; it reports whether to look again,
+// and the error of a step that failed to commit.
+func (s *Service) step(ctx context.Context, sv *server) (bool, error) {
 	started := s.now()
 	task := sv.TaskState
 	ctx = driver.WithOpKey(ctx, sv.ID+"/"+task+"/"+sv.Doc.TaskID)
@@ -628,18 +552,14 @@ func (s *Service) step(ctx context.Context, sv *server) bool {
 		})
 	}
 	if err != nil {
-		if ctx.Err() == nil {
-			// The store or a collaborator failed, not the driver: try the
-			// same step again a little later rather than give up.
-			s.log.Error("reconcile: step failed to commit", "server", sv.ID, "task", task, "error", err)
-			id := sv.ID
-			time.AfterFunc(500*time.Millisecond, func() {
-				if ctx.Err() == nil {
-					s.enqueue(id)
-				}
-			})
+		if ctx.Err() != nil {
+			return false, nil // shutting down: resumed at the next start
 		}
-		return false
+		// The store or a collaborator failed, not the driver: the queue
+		// tries the same step again after the server's backoff rather
+		// than give up.
+		s.log.Error("reconcile: step failed to commit", "server", sv.ID, "task", task, "error", err)
+		return false, err
 	}
-	return true
+	return true, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -150,32 +149,6 @@ func listTooLong(field string, n, limit int) error {
 	return api.BadRequest("Invalid input for field/attribute %s. The list has %d items, more than the %d allowed.", field, n, limit)
 }
 
-// schemaError is the 400 Nova's JSON-schema validation gives.
-func schemaError(field string, value any, format string, args ...any) error {
-	v, _ := json.Marshal(value)
-	return api.BadRequest("Invalid input for field/attribute %s. Value: %s. %s", field, pyRepr(v), fmt.Sprintf(format, args...))
-}
-
-// pyRepr renders a JSON value roughly as Python prints it in messages.
-func pyRepr(raw []byte) string {
-	s := string(raw)
-	if len(s) >= 2 && s[0] == '"' {
-		var str string
-		if json.Unmarshal(raw, &str) == nil {
-			return str
-		}
-	}
-	switch s {
-	case "true":
-		return "True"
-	case "false":
-		return "False"
-	case "null":
-		return "None"
-	}
-	return s
-}
-
 // decodeWrapped decodes a request body that must be {"<key>": {...}} with no
 // other top-level key, returning the inner object's fields.
 func decodeWrapped(r *http.Request, key string) (map[string]json.RawMessage, error) {
@@ -195,7 +168,7 @@ func decodeWrapped(r *http.Request, key string) (map[string]json.RawMessage, err
 	}
 	var inner map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &inner); err != nil || inner == nil {
-		return nil, schemaError(key, json.RawMessage(raw), "%s is not of type 'object'", pyRepr(raw))
+		return nil, api.SchemaError(key, json.RawMessage(raw), "%s is not of type 'object'", api.PyRepr(raw))
 	}
 	return inner, nil
 }
@@ -223,28 +196,28 @@ func rawInt(field string, raw json.RawMessage, minimum int) (int, error) {
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		return 0, schemaError(field, raw, "%s is not of type 'integer', 'string'", pyRepr(raw))
+		return 0, api.SchemaError(field, raw, "%s is not of type 'integer', 'string'", api.PyRepr(raw))
 	}
 	switch t := v.(type) {
 	case json.Number:
 		n = t
 	case string:
 		if t == "" || strings.TrimLeft(t, "0123456789") != "" {
-			return 0, schemaError(field, raw, "%s does not match '^[0-9]+$'", t)
+			return 0, api.SchemaError(field, raw, "%s does not match '^[0-9]+$'", t)
 		}
 		n = json.Number(t)
 	default:
-		return 0, schemaError(field, raw, "%s is not of type 'integer', 'string'", pyRepr(raw))
+		return 0, api.SchemaError(field, raw, "%s is not of type 'integer', 'string'", api.PyRepr(raw))
 	}
 	i, err := strconv.ParseInt(string(n), 10, 64)
 	if err != nil {
-		return 0, schemaError(field, raw, "%s is not of type 'integer', 'string'", pyRepr(raw))
+		return 0, api.SchemaError(field, raw, "%s is not of type 'integer', 'string'", api.PyRepr(raw))
 	}
 	if i < int64(minimum) {
-		return 0, schemaError(field, raw, "%s is less than the minimum of %d", n, minimum)
+		return 0, api.SchemaError(field, raw, "%s is less than the minimum of %d", n, minimum)
 	}
 	if i > 2147483647 {
-		return 0, schemaError(field, raw, "%s is greater than the maximum of 2147483647", n)
+		return 0, api.SchemaError(field, raw, "%s is greater than the maximum of 2147483647", n)
 	}
 	return int(i), nil
 }
@@ -257,22 +230,11 @@ func rawBool(field string, raw json.RawMessage) (bool, error) {
 		return b, nil
 	}
 	if s, ok := rawString(raw); ok {
-		if v, ok := parseBoolString(s); ok {
+		if v, ok := api.ParseBool(s); ok {
 			return v, nil
 		}
 	}
-	return false, schemaError(field, raw, "%s is not one of [True, 'True', 'TRUE', 'true', '1', 'ON', 'On', 'on', 'YES', 'Yes', 'yes', 'y', 't', False, 'False', 'FALSE', 'false', '0', 'OFF', 'Off', 'off', 'NO', 'No', 'no', 'n', 'f']", pyRepr(raw))
-}
-
-// parseBoolString is oslo's strutils.bool_from_string(strict=True).
-func parseBoolString(s string) (bool, bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "1", "t", "true", "on", "y", "yes":
-		return true, true
-	case "0", "f", "false", "off", "n", "no":
-		return false, true
-	}
-	return false, false
+	return false, api.SchemaError(field, raw, "%s is not one of [True, 'True', 'TRUE', 'true', '1', 'ON', 'On', 'on', 'YES', 'Yes', 'yes', 'y', 't', False, 'False', 'FALSE', 'false', '0', 'OFF', 'Off', 'off', 'NO', 'No', 'no', 'n', 'f']", api.PyRepr(raw))
 }
 
 // callerAdmin reports whether the request's caller is an admin.

@@ -45,15 +45,15 @@ func parseSchedulerHints(raw json.RawMessage) (schedulerHints, error) {
 	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-		return h, schemaError(hintsField, raw, "%s is not of type 'object'", pyQuote(raw))
+		return h, api.SchemaError(hintsField, raw, "%s is not of type 'object'", pyQuote(raw))
 	}
 	if v, ok := m["group"]; ok {
 		s, isStr := jsonString(v)
 		if !isStr {
-			return h, schemaError("group", v, "%s is not of type 'string'", pyQuote(v))
+			return h, api.SchemaError("group", v, "%s is not of type 'string'", pyQuote(v))
 		}
 		if !uuidRE.MatchString(s) {
-			return h, schemaError("group", v, "'%s' is not a 'uuid'", s)
+			return h, api.SchemaError("group", v, "'%s' is not a 'uuid'", s)
 		}
 		h.Group = canonicalUUID(s)
 	}
@@ -74,27 +74,27 @@ func parseSchedulerHints(raw json.RawMessage) (schedulerHints, error) {
 		switch q.(type) {
 		case string, map[string]any:
 		default:
-			return h, schemaError("query", v, "%s is not of type 'string', 'object'", pyQuote(v))
+			return h, api.SchemaError("query", v, "%s is not of type 'string', 'object'", pyQuote(v))
 		}
 	}
 	if v, ok := m["target_cell"]; ok {
 		s, isStr := jsonString(v)
 		if !isStr {
-			return h, schemaError("target_cell", v, "%s is not of type 'string'", pyQuote(v))
+			return h, api.SchemaError("target_cell", v, "%s is not of type 'string'", pyQuote(v))
 		}
 		if !validName(s) {
-			return h, schemaError("target_cell", v, "'%s' does not match '^(?! )[\\x00-\\x7F...]*(?<! )$'", s)
+			return h, api.SchemaError("target_cell", v, "'%s' does not match '^(?! )[\\x00-\\x7F...]*(?<! )$'", s)
 		}
 	}
 	if v, ok := m["different_cell"]; ok {
 		if _, isStr := jsonString(v); !isStr {
 			var l []json.RawMessage
 			if json.Unmarshal(v, &l) != nil || l == nil {
-				return h, schemaError("different_cell", v, "%s is not of type 'string', 'array'", pyQuote(v))
+				return h, api.SchemaError("different_cell", v, "%s is not of type 'string', 'array'", pyQuote(v))
 			}
 			for _, item := range l {
 				if _, isStr := jsonString(item); !isStr {
-					return h, schemaError("different_cell", item, "%s is not of type 'string'", pyQuote(item))
+					return h, api.SchemaError("different_cell", item, "%s is not of type 'string'", pyQuote(item))
 				}
 			}
 		}
@@ -102,19 +102,19 @@ func parseSchedulerHints(raw json.RawMessage) (schedulerHints, error) {
 	if v, ok := m["build_near_host_ip"]; ok {
 		s, isStr := jsonString(v)
 		if !isStr {
-			return h, schemaError("build_near_host_ip", v, "%s is not of type 'string'", pyQuote(v))
+			return h, api.SchemaError("build_near_host_ip", v, "%s is not of type 'string'", pyQuote(v))
 		}
 		if net.ParseIP(s) == nil {
-			return h, schemaError("build_near_host_ip", v, "'%s' is not valid under any of the given schemas", s)
+			return h, api.SchemaError("build_near_host_ip", v, "'%s' is not valid under any of the given schemas", s)
 		}
 	}
 	if v, ok := m["cidr"]; ok {
 		s, isStr := jsonString(v)
 		if !isStr {
-			return h, schemaError("cidr", v, "%s is not of type 'string'", pyQuote(v))
+			return h, api.SchemaError("cidr", v, "%s is not of type 'string'", pyQuote(v))
 		}
 		if !cidrHintRE.MatchString(s) {
-			return h, schemaError("cidr", v, "'%s' does not match '^/[0-9a-f.:]+$'", s)
+			return h, api.SchemaError("cidr", v, "'%s' does not match '^/[0-9a-f.:]+$'", s)
 		}
 	}
 	return h, nil
@@ -129,13 +129,13 @@ const maxHintServers = 50
 func hintServers(field string, raw json.RawMessage) ([]string, error) {
 	if s, ok := jsonString(raw); ok {
 		if !uuidRE.MatchString(s) {
-			return nil, schemaError(field, raw, "'%s' is not a 'uuid'", s)
+			return nil, api.SchemaError(field, raw, "'%s' is not a 'uuid'", s)
 		}
 		return []string{canonicalUUID(s)}, nil
 	}
 	var l []json.RawMessage
 	if err := json.Unmarshal(raw, &l); err != nil || l == nil {
-		return nil, schemaError(field, raw, "%s is not of type 'string', 'array'", pyQuote(raw))
+		return nil, api.SchemaError(field, raw, "%s is not of type 'string', 'array'", pyQuote(raw))
 	}
 	if len(l) > maxHintServers {
 		return nil, listTooLong(field, len(l), maxHintServers)
@@ -144,7 +144,7 @@ func hintServers(field string, raw json.RawMessage) ([]string, error) {
 	for i, item := range l {
 		s, ok := jsonString(item)
 		if !ok {
-			return nil, api.BadRequest("Invalid input for field/attribute %d. Value: %s. %s is not of type 'string'", i, pyRepr(item), pyQuote(item))
+			return nil, api.BadRequest("Invalid input for field/attribute %d. Value: %s. %s is not of type 'string'", i, api.PyRepr(item), pyQuote(item))
 		}
 		if !uuidRE.MatchString(s) {
 			return nil, api.BadRequest("Invalid input for field/attribute %d. Value: %s. '%s' is not a 'uuid'", i, s, s)

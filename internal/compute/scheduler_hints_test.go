@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"nimbus/internal/api"
-	"nimbus/internal/driver/fake"
 	"nimbus/internal/store"
 	"nimbus/internal/store/storetest"
 )
@@ -87,20 +86,7 @@ func TestParseSchedulerHints(t *testing.T) {
 // with the fake fleet registered.
 func groupService(t *testing.T, dbURL string) *Service {
 	t.Helper()
-	ctx := context.Background()
-	db, err := store.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	drv, err := fake.New(fake.Config{Hosts: fake.DefaultFleet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(Deps{DB: db, Driver: drv})
-	if err := s.Bootstrap(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s, _ := serviceOn(t, dbURL)
 	return s
 }
 

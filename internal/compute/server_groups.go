@@ -104,7 +104,7 @@ func fillMembers(ctx context.Context, q store.Querier, groups []*serverGroup) er
 	}
 	rows, err := q.Query(ctx, `SELECT m.group_id, m.server_id FROM compute_server_group_members m
 		JOIN compute_servers s ON s.id = m.server_id AND s.deleted = 0
-		WHERE m.group_id IN (`+placeholders(len(args))+`) ORDER BY m.created_at, m.server_id`, args...)
+		WHERE m.group_id IN (`+api.Placeholders(len(args))+`) ORDER BY m.created_at, m.server_id`, args...)
 	if err != nil {
 		return err
 	}
@@ -161,10 +161,10 @@ func parseGroupCreate(body map[string]json.RawMessage, v Version) (g *serverGrou
 	if raw, ok := body["name"]; ok {
 		name, isStr := jsonString(raw)
 		if !isStr {
-			return nil, nil, schemaError("name", raw, "%s is not of type 'string'", pyQuote(raw))
+			return nil, nil, api.SchemaError("name", raw, "%s is not of type 'string'", pyQuote(raw))
 		}
 		if !validName(name) {
-			return nil, nil, schemaError("name", raw, "%s", nameProblem(name))
+			return nil, nil, api.SchemaError("name", raw, "%s", nameProblem(name))
 		}
 		g.Name = name
 	}
@@ -191,7 +191,7 @@ func parseGroupCreate(body map[string]json.RawMessage, v Version) (g *serverGrou
 	}
 	for _, req := range []string{"name", policyKey} {
 		if _, ok := body[req]; !ok {
-			return nil, nil, schemaError("server_group", json.RawMessage(pyMap(body)), "'%s' is a required property", req)
+			return nil, nil, api.SchemaError("server_group", json.RawMessage(pyMap(body)), "'%s' is a required property", req)
 		}
 	}
 	if err := extraProperties("server_group", body, allowed...); err != nil {
@@ -218,29 +218,29 @@ func nameProblem(name string) string {
 func parsePolicies(raw json.RawMessage, enum []string) (string, error) {
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil || items == nil {
-		return "", schemaError("policies", raw, "%s is not of type 'array'", pyQuote(raw))
+		return "", api.SchemaError("policies", raw, "%s is not of type 'array'", pyQuote(raw))
 	}
 	if len(items) > 0 {
 		p, isStr := jsonString(items[0])
 		if !isStr {
-			return "", schemaError("0", items[0], "%s is not of type 'string'", pyQuote(items[0]))
+			return "", api.SchemaError("0", items[0], "%s is not of type 'string'", pyQuote(items[0]))
 		}
 		if !slices.Contains(enum, p) {
-			return "", schemaError("0", items[0], "'%s' is not one of %s", p, pyStrings(enum))
+			return "", api.SchemaError("0", items[0], "'%s' is not one of %s", p, pyStrings(enum))
 		}
 	}
 	seen := map[string]bool{}
 	for _, it := range items {
 		if seen[string(it)] {
-			return "", schemaError("policies", raw, "%s has non-unique elements", pyList(items))
+			return "", api.SchemaError("policies", raw, "%s has non-unique elements", pyList(items))
 		}
 		seen[string(it)] = true
 	}
 	switch {
 	case len(items) == 0:
-		return "", schemaError("policies", raw, "[] is too short")
+		return "", api.SchemaError("policies", raw, "[] is too short")
 	case len(items) > 1:
-		return "", schemaError("policies", raw, "%s is too long", pyList(items))
+		return "", api.SchemaError("policies", raw, "%s is too long", pyList(items))
 	}
 	p, _ := jsonString(items[0])
 	return p, nil
@@ -250,10 +250,10 @@ func parsePolicies(raw json.RawMessage, enum []string) (string, error) {
 func parsePolicy(raw json.RawMessage, enum []string) (string, error) {
 	p, isStr := jsonString(raw)
 	if !isStr {
-		return "", schemaError("policy", raw, "%s is not of type 'string'", pyQuote(raw))
+		return "", api.SchemaError("policy", raw, "%s is not of type 'string'", pyQuote(raw))
 	}
 	if !slices.Contains(enum, p) {
-		return "", schemaError("policy", raw, "'%s' is not one of %s", p, pyStrings(enum))
+		return "", api.SchemaError("policy", raw, "'%s' is not one of %s", p, pyStrings(enum))
 	}
 	return p, nil
 }
@@ -263,7 +263,7 @@ func parsePolicy(raw json.RawMessage, enum []string) (string, error) {
 func parseRules(raw json.RawMessage) (n int, present bool, err error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-		return 0, false, schemaError("rules", raw, "%s is not of type 'object'", pyQuote(raw))
+		return 0, false, api.SchemaError("rules", raw, "%s is not of type 'object'", pyQuote(raw))
 	}
 	if v, ok := m["max_server_per_host"]; ok {
 		if n, err = rawInt("max_server_per_host", v, 1); err != nil {
@@ -293,7 +293,7 @@ func extraProperties(field string, obj map[string]json.RawMessage, allowed ...st
 	if len(extra) > 1 {
 		verb = "were"
 	}
-	return schemaError(field, json.RawMessage(pyMap(obj)), "Additional properties are not allowed (%s %s unexpected)", strings.Join(extra, ", "), verb)
+	return api.SchemaError(field, json.RawMessage(pyMap(obj)), "Additional properties are not allowed (%s %s unexpected)", strings.Join(extra, ", "), verb)
 }
 
 // pyStrings renders a list of strings as Python prints it.
@@ -320,7 +320,7 @@ func pyQuote(raw json.RawMessage) string {
 	if s, ok := jsonString(raw); ok {
 		return "'" + s + "'"
 	}
-	return pyRepr(raw)
+	return api.PyRepr(raw)
 }
 
 // createServerGroup is POST /os-server-groups: 200 with the group. The

@@ -2,8 +2,8 @@ package compute
 
 import (
 	"context"
-	"strings"
 
+	"nimbus/internal/api"
 	"nimbus/internal/store"
 )
 
@@ -28,12 +28,8 @@ func (s *Service) ServerHosts(ctx context.Context, q store.Querier, ids []string
 }
 
 func serverHosts(ctx context.Context, q store.Querier, ids []string, out map[string]string) error {
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
-	}
-	rows, err := q.Query(ctx, "SELECT id, host FROM compute_servers WHERE deleted = 0 AND id IN (?"+
-		strings.Repeat(",?", len(ids)-1)+")", args...)
+	in, args := api.InList(ids)
+	rows, err := q.Query(ctx, "SELECT id, host FROM compute_servers WHERE deleted = 0 AND id "+in, args...)
 	if err != nil {
 		return err
 	}

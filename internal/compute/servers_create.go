@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,13 +11,14 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"nimbus/internal/api"
 	"nimbus/internal/image"
 	"nimbus/internal/network"
+	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
 )
 
@@ -145,7 +145,8 @@ func checkMetadata(field string, m map[string]any) (map[string]string, error) {
 	return out, nil
 }
 
-// parseCreate validates a create body as nova's schemas/servers.py does.
+// parseCreate validates a create body as nova's schemas/servers.py does:
+// the server object through serverFields, then what spans fields.
 func parseCreate(r *http.Request, v Version) (*createReq, error) {
 	var top map[string]json.RawMessage
 	if err := api.DecodeJSON(r, &top); err != nil {
@@ -170,249 +171,46 @@ func parseCreate(r *http.Request, v Version) (*createReq, error) {
 			}
 		}
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
-		return nil, badField("server", raw, fmt.Sprintf("%s is not of type 'object'", raw))
-	}
-	allowed := []string{"name", "imageRef", "flavorRef", "adminPass", "metadata", "networks", "OS-DCF:diskConfig",
-		"accessIPv4", "accessIPv6", "key_name", "user_data", "availability_zone", "block_device_mapping",
-		"block_device_mapping_v2", "security_groups", "config_drive", "min_count", "max_count", "return_reservation_id"}
-	if !v.AtLeast(57) {
-		allowed = append(allowed, "personality")
-	}
-	if v.AtLeast(19) {
-		allowed = append(allowed, "description")
-	}
-	if v.AtLeast(52) {
-		allowed = append(allowed, "tags")
-	}
-	if v.AtLeast(63) {
-		allowed = append(allowed, "trusted_image_certificates")
-	}
-	if v.AtLeast(74) {
-		allowed = append(allowed, "host", "hypervisor_hostname")
-	}
-	if v.AtLeast(90) {
-		allowed = append(allowed, "hostname")
-	}
-	if err := api.UnknownFields(obj, allowed...); err != nil {
-		return nil, err
-	}
-	req := &createReq{DiskConfig: "MANUAL", Hints: hints}
-	required := func(f string) error {
-		if _, ok := obj[f]; !ok {
-			return badField("server", raw, fmt.Sprintf("'%s' is a required property", f))
-		}
-		return nil
-	}
-	if err := required("name"); err != nil {
-		return nil, err
-	}
-	if err := required("flavorRef"); err != nil {
-		return nil, err
-	}
-	if v.AtLeast(37) {
-		if err := required("networks"); err != nil {
-			return nil, err
-		}
-	}
-	name, err := strField(obj, "name")
+	b, err := parseServerBody(opCreate, v, "server", raw)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkName("name", *name); err != nil {
-		return nil, err
-	}
-	req.Name = *name
-	var fr any
-	_ = json.Unmarshal(obj["flavorRef"], &fr)
-	switch f := fr.(type) {
-	case string:
-		req.FlavorRef = f
-	case float64:
-		req.FlavorRef = strconv.FormatFloat(f, 'f', -1, 64)
-	default:
-		return nil, badField("flavorRef", obj["flavorRef"], fmt.Sprintf("%s is not of type 'string', 'integer'", obj["flavorRef"]))
-	}
-	if req.FlavorRef == "" {
-		return nil, badField("flavorRef", obj["flavorRef"], "'' is too short")
-	}
-	if i := strings.LastIndexByte(req.FlavorRef, '/'); i >= 0 {
-		req.FlavorRef = req.FlavorRef[i+1:]
-	}
-	if p, err := strField(obj, "imageRef"); err != nil {
-		return nil, err
-	} else if p != nil {
-		req.ImageRef = *p
-		if i := strings.LastIndexByte(req.ImageRef, '/'); i >= 0 {
-			req.ImageRef = req.ImageRef[i+1:]
-		}
-		if req.ImageRef != "" && !uuidRE.MatchString(req.ImageRef) {
-			return nil, api.BadRequest("Invalid input for field/attribute imageRef. Value: %s. '%s' is not a 'uuid'", *p, *p)
-		}
-	}
-	if err := parseBDM(obj, req); err != nil {
-		return nil, err
-	}
+	req := &b.createReq
+	req.Hints = hints
 	if req.ImageRef == "" {
 		return nil, api.BadRequest("Block Device Mapping is Invalid: Boot sequence for the instance and image/block device mapping combination is not valid.")
 	}
-	for _, f := range []struct {
-		name string
-		dst  *string
-	}{{"adminPass", &req.AdminPass}, {"key_name", &req.KeyName}, {"availability_zone", &req.AZ},
-		{"accessIPv4", &req.AccessIPv4}, {"accessIPv6", &req.AccessIPv6}, {"OS-DCF:diskConfig", &req.DiskConfig}, {"hostname", &req.Hostname}} {
-		p, err := strField(obj, f.name)
-		if err != nil {
-			return nil, err
-		}
-		if p != nil {
-			*f.dst = *p
-		}
+	if req.DiskConfig == "" {
+		req.DiskConfig = "MANUAL"
 	}
-	for _, f := range []string{"host", "hypervisor_hostname"} {
-		p, err := strField(obj, f)
-		if err != nil {
-			return nil, err
-		}
-		if p != nil {
-			if *p == "" || len(*p) > 255 {
-				return nil, badField(f, obj[f], "is not valid")
-			}
-			if req.Host != "" && req.Host != *p {
-				return nil, api.BadRequest("host and hypervisor_hostname must name the same host")
-			}
-			req.Host = *p
-		}
+	if req.Metadata == nil {
+		req.Metadata = map[string]string{}
 	}
-	if req.DiskConfig != "AUTO" && req.DiskConfig != "MANUAL" {
-		return nil, api.BadRequest("Invalid input for field/attribute OS-DCF:diskConfig. Value: %s. '%s' is not one of ['AUTO', 'MANUAL']", req.DiskConfig, req.DiskConfig)
-	}
-	if _, ok := obj["key_name"]; ok && (req.KeyName == "" || len(req.KeyName) > 255) {
-		return nil, badField("key_name", obj["key_name"], "is not valid")
-	}
-	if _, ok := obj["availability_zone"]; ok && (req.AZ == "" || len(req.AZ) > 255) {
-		return nil, badField("availability_zone", obj["availability_zone"], "is not valid")
-	}
-	if err := checkAccessIPs(&req.AccessIPv4, &req.AccessIPv6); err != nil {
-		return nil, err
-	}
-	if _, ok := obj["hostname"]; ok {
-		if err := checkHostname(req.Hostname, v); err != nil {
-			return nil, err
-		}
-	}
-	if req.Metadata, err = metadataField(obj, "metadata"); err != nil {
-		return nil, err
-	}
-	if p, err := strField(obj, "user_data"); err != nil {
-		return nil, err
-	} else if p != nil {
-		if len(*p) > 65535 {
-			return nil, api.BadRequest("Invalid input for field/attribute user_data. Value: %.20s... is too long", *p)
-		}
-		if _, err := base64.StdEncoding.DecodeString(*p); err != nil {
-			return nil, api.BadRequest("User data needs to be valid base 64.")
-		}
-		req.UserData = p
-	}
-	if raw, ok := obj["security_groups"]; ok {
-		var sgs []map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &sgs); err != nil {
-			return nil, badField("security_groups", raw, fmt.Sprintf("%s is not of type 'array'", raw))
-		}
-		if len(sgs) > maxServerSecurityGroups {
-			return nil, listTooLong("security_groups", len(sgs), maxServerSecurityGroups)
-		}
-		for _, g := range sgs {
-			if err := api.UnknownFields(g, "name"); err != nil {
-				return nil, err
-			}
-			n, err := strField(g, "name")
-			if err != nil {
-				return nil, err
-			}
-			if n == nil || *n == "" {
-				return nil, badField("name", raw, "'' is too short")
-			}
-			if !slices.Contains(req.SecurityGroups, *n) {
-				req.SecurityGroups = append(req.SecurityGroups, *n)
-			}
-		}
-	}
-	if raw, ok := obj["config_drive"]; ok {
-		var b any
-		_ = json.Unmarshal(raw, &b)
-		switch t := b.(type) {
-		case bool:
-			req.ConfigDrive = t
-		case string:
-			switch strings.ToLower(t) {
-			case "true", "1", "yes", "on", "t", "y":
-				req.ConfigDrive = true
-			case "false", "0", "no", "off", "f", "n", "":
-			default:
-				return nil, badField("config_drive", raw, "is not a boolean")
-			}
-		case nil:
-		default:
-			return nil, badField("config_drive", raw, "is not a boolean")
-		}
-	}
-	if raw, ok := obj["return_reservation_id"]; ok {
-		if err := json.Unmarshal(raw, &req.ReturnReservation); err != nil {
-			return nil, badField("return_reservation_id", raw, fmt.Sprintf("%s is not of type 'boolean'", raw))
-		}
-	}
-	minC, hasMin, err := countField(obj, "min_count")
-	if err != nil {
-		return nil, err
-	}
-	maxC, hasMax, err := countField(obj, "max_count")
-	if err != nil {
-		return nil, err
-	}
-	if !hasMin {
-		minC = 1
-	}
-	if !hasMax {
-		maxC = minC
-	}
-	if minC > maxC {
-		return nil, api.BadRequest("min_count must be <= max_count")
-	}
-	if minC > maxCreateCount {
-		return nil, api.BadRequest("min_count may be at most %d: no more servers are created in one request.", maxCreateCount)
-	}
-	maxC = min(maxC, maxCreateCount)
-	req.MinCount, req.MaxCount = minC, maxC
-	if req.Hostname != "" && maxC > 1 {
-		return nil, api.BadRequest("Cannot specify 'hostname' when 'max_count' is greater than 1.")
-	}
-	if p, err := strField(obj, "description"); err != nil {
-		return nil, err
-	} else if _, ok := obj["description"]; ok {
-		if p != nil && len(*p) > 255 {
-			return nil, api.BadRequest("Invalid input for field/attribute description. Value: %s. '%s' is too long", *p, *p)
-		}
-		req.Description = p
-	}
-	if raw, ok := obj["tags"]; ok {
-		if err := json.Unmarshal(raw, &req.Tags); err != nil {
-			return nil, badField("tags", raw, fmt.Sprintf("%s is not of type 'array'", raw))
-		}
-		if err := checkTags(req.Tags); err != nil {
-			return nil, err
-		}
-	}
-	if raw, ok := obj["networks"]; ok {
-		if err := parseNetworks(raw, req, v); err != nil {
-			return nil, err
-		}
-	} else {
+	if !b.has("networks") {
 		req.NetMode = "auto"
 	}
-	return req, nil
+	return req, createCounts(req)
+}
+
+// createCounts defaults and bounds min_count and max_count (0: not given).
+func createCounts(req *createReq) error {
+	if req.MinCount == 0 {
+		req.MinCount = 1
+	}
+	if req.MaxCount == 0 {
+		req.MaxCount = req.MinCount
+	}
+	if req.MinCount > req.MaxCount {
+		return api.BadRequest("min_count must be <= max_count")
+	}
+	if req.MinCount > maxCreateCount {
+		return api.BadRequest("min_count may be at most %d: no more servers are created in one request.", maxCreateCount)
+	}
+	req.MaxCount = min(req.MaxCount, maxCreateCount)
+	if req.Hostname != "" && req.MaxCount > 1 {
+		return api.BadRequest("Cannot specify 'hostname' when 'max_count' is greater than 1.")
+	}
+	return nil
 }
 
 func parseNetworks(raw json.RawMessage, req *createReq, v Version) error {
@@ -471,33 +269,31 @@ func parseNetworks(raw json.RawMessage, req *createReq, v Version) error {
 	return nil
 }
 
-// parseBDM accepts an image-to-local boot device in place of imageRef and
+// refuseLegacyBDM: Nimbus boots from images only.
+func refuseLegacyBDM(_ *serverBody, field string, raw json.RawMessage) error {
+	return badField(field, raw, "legacy block device mappings are not supported")
+}
+
+// checkBDMv2 accepts an image-to-local boot device in place of imageRef and
 // refuses volumes, which Nimbus does not have yet.
-func parseBDM(obj map[string]json.RawMessage, req *createReq) error {
-	if raw, ok := obj["block_device_mapping"]; ok {
-		return badField("block_device_mapping", raw, "legacy block device mappings are not supported")
-	}
-	raw, ok := obj["block_device_mapping_v2"]
-	if !ok {
-		return nil
-	}
+func checkBDMv2(b *serverBody, field string, raw json.RawMessage) error {
 	var bdms []map[string]any
 	if err := json.Unmarshal(raw, &bdms); err != nil {
-		return badField("block_device_mapping_v2", raw, fmt.Sprintf("%s is not of type 'array'", raw))
+		return badField(field, raw, fmt.Sprintf("%s is not of type 'array'", raw))
 	}
-	for _, b := range bdms {
-		src, _ := b["source_type"].(string)
-		dst, _ := b["destination_type"].(string)
+	for _, m := range bdms {
+		src, _ := m["source_type"].(string)
+		dst, _ := m["destination_type"].(string)
 		if src == "volume" || src == "snapshot" || dst == "volume" {
 			return api.BadRequest("Block Device Mapping is Invalid: volumes are not supported by this cloud yet.")
 		}
 		if src == "image" {
-			id, _ := b["uuid"].(string)
+			id, _ := m["uuid"].(string)
 			if !uuidRE.MatchString(id) {
 				return api.BadRequest("Block Device Mapping is Invalid: image uuid %q is not valid.", id)
 			}
-			if req.ImageRef == "" {
-				req.ImageRef = id
+			if b.ImageRef == "" {
+				b.ImageRef = id
 			}
 		}
 	}
@@ -594,9 +390,6 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if err := s.networks.CheckSecurityGroups(ctx, c.ProjectID, req.SecurityGroups); err != nil {
 		return nil, err
 	}
-	type resolvedNet struct {
-		networkID, portID, fixedIP string
-	}
 	var nets []resolvedNet
 	switch {
 	case req.NetMode == "none":
@@ -654,162 +447,28 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 		}
 	}
 	// Placement happens here, in the create: the scheduler reserves hosts
-	// for up to max_count servers on its snapshot, and the transaction keeps
-	// as many as the quota allows and writes their claims, which the store
-	// re-checks. Fewer than min_count placed fails them all, as Nova's
-	// NoValidHost does, with nothing held and nothing charged.
-	base, rule, err := s.constraints(ctx, placeRequest{zone: req.AZ, host: req.Host, group: req.Hints.Group,
-		sameHost: req.Hints.SameHost, differentHost: req.Hints.DifferentHost})
-	if err != nil {
-		return nil, err
-	}
-	schedReq := flavorRequest(snap)
-	schedReq.Zone, schedReq.OnlyHosts, schedReq.AvoidHosts = base.Zone, base.OnlyHosts, base.AvoidHosts
-	// The scheduler reserves no more than the quota allows, read here and
-	// checked again in the transaction.
+	// for up to max_count servers, no more than the quota allows (read
+	// here, checked again in the transaction), and the transaction keeps as
+	// many as the quota allows. Fewer than min_count placed fails them all,
+	// as Nova's NoValidHost does, with nothing held and nothing charged.
 	if req.MaxCount, err = s.quotaRoom(ctx, c.ProjectID, flavor, req.MinCount, req.MaxCount); err != nil {
 		return nil, err
 	}
+	j, err := s.newPlaceJob(ctx, placeRequest{zone: req.AZ, host: req.Host, group: req.Hints.Group,
+		sameHost: req.Hints.SameHost, differentHost: req.Hints.DifferentHost}, snap, req.MinCount, req.MaxCount)
+	if err != nil {
+		return nil, err
+	}
+	plan := &createPlan{req: req, caller: c, flavor: flavor, snap: snap, osType: osTypeOf(img), kp: kp, nets: nets,
+		sgs: sgs, rid: rid, pinned: pinned, publicIP: publicIP, requestID: api.RequestID(ctx)}
 	var created []*server
-	for attempt := 0; ; attempt++ {
-		st, err := s.schedState(ctx)
-		if err != nil {
-			return nil, err
-		}
-		claims := reserveBatch(st, schedReq, rule, req.MaxCount)
-		if len(claims) < req.MinCount && attempt == 0 {
-			// The snapshot may hold what another controller freed.
-			releaseAll(st, claims)
-			if st, err = s.reloadSched(ctx); err != nil {
-				return nil, err
-			}
-			claims = reserveBatch(st, schedReq, rule, req.MaxCount)
-		}
-		zones, err := s.zonesOf(ctx, claims)
-		if err != nil {
-			releaseAll(st, claims)
-			return nil, err
-		}
-		used := 0
-		err = s.db.Tx(ctx, func(tx *store.Tx) error {
-			created, used = created[:0], 0
-			if err := lockProjectQuota(ctx, tx, c.ProjectID); err != nil {
-				return err
-			}
-			quota, err := s.quotaFor(ctx, tx, c.ProjectID)
-			if err != nil {
-				return err
-			}
-			if err := checkMetadataCount(quota.MetadataItems, len(req.Metadata)); err != nil {
-				return err
-			}
-			insts, cores, ram, err := s.projectUsage(ctx, tx, c.ProjectID)
-			if err != nil {
-				return err
-			}
-			count, err := fitQuota(quota, insts, cores, ram, flavor, req.MinCount, req.MaxCount)
-			if err != nil {
-				return err
-			}
-			noHost := min(count, len(claims)) < req.MinCount
-			if !noHost {
-				count = min(count, len(claims))
-				used = count
-			}
-			now := s.now()
-			var build []string
-			for i := 0; i < count; i++ {
-				id := newUUID()
-				name, hostname := req.Name, req.Hostname
-				if count > 1 {
-					name = fmt.Sprintf("%s-%d", req.Name, i+1)
-				}
-				if hostname == "" {
-					hostname = sanitizeHostname(name)
-				}
-				sv := &server{
-					ID: id, ProjectID: c.ProjectID, UserID: c.UserID, Name: name,
-					VMState: vmBuilding, TaskState: taskSpawning, FlavorID: flavor.ID, ImageRef: req.ImageRef,
-					ReservationID: rid, LaunchIndex: i, AZ: req.AZ, KeyName: req.KeyName, Hostname: hostname,
-					Tags: append([]string{}, req.Tags...), VCPUs: snap.VCPUs, MemoryMB: snap.RAM, DiskGB: snap.diskGB(),
-					CreatedAt: now, UpdatedAt: now,
-					Doc: serverDoc{Flavor: snap, Metadata: req.Metadata, Description: req.Description,
-						AccessIPv4: req.AccessIPv4, AccessIPv6: canonicalIP(req.AccessIPv6), ConfigDrive: req.ConfigDrive,
-						DiskConfig: req.DiskConfig, UserData: req.UserData, SecurityGroups: sgs, AdminPass: req.AdminPass,
-						PinnedAZ: pinned, RequestedHost: req.Host, OSType: osTypeOf(img), RequestID: api.RequestID(ctx),
-						InstanceName: "instance-" + strings.ReplaceAll(id, "-", "")[:8], TaskID: newUUID(),
-						Group: req.Hints.Group, SameHost: req.Hints.SameHost, DifferentHost: req.Hints.DifferentHost},
-				}
-				if kp != nil {
-					sv.Doc.PublicKey = kp.PublicKey
-				}
-				if sv.Doc.OSType == "windows" {
-					sv.Doc.Password = encryptPassword(sv.Doc.PublicKey, req.AdminPass)
-				}
-				if noHost {
-					sv.VMState, sv.TaskState = vmError, ""
-					sv.Doc.Fault = &faultDoc{Code: 500, Message: errNoValidHost.Error(), Details: errNoValidHost.Error(), Created: now}
-				} else {
-					sv.Host, sv.AZ = claims[i].Host, zones[claims[i].Host]
-				}
-				if err := s.insertServer(ctx, tx, sv); err != nil {
-					return err
-				}
-				if req.Hints.Group != "" {
-					if err := s.addGroupMember(ctx, tx, req.Hints.Group, id); err != nil {
-						return err
-					}
-				}
-				if err := s.recordAction(ctx, tx, id, "create"); err != nil {
-					return err
-				}
-				if noHost {
-					if err := s.finishAction(ctx, tx, id, sv.Doc.RequestID, "conductor_schedule_and_build_instances", "", now, errNoValidHost); err != nil {
-						return err
-					}
-					created = append(created, sv)
-					continue
-				}
-				if err := writeClaim(ctx, tx, id, claims[i], now); err != nil {
-					return err
-				}
-				for j, n := range nets {
-					portID := n.portID
-					if portID != "" {
-						if err := s.networks.BindPort(ctx, tx, c.ProjectID, portID, id); err != nil {
-							return err
-						}
-					} else {
-						p, err := s.networks.CreateServerPort(ctx, tx, c.ProjectID, n.networkID, id, n.fixedIP, sgs)
-						if err != nil {
-							return err
-						}
-						portID = p.ID
-					}
-					if j == 0 && publicIP {
-						if _, err := s.networks.AttachPublicIP(ctx, tx, c.ProjectID, id, portID); err != nil {
-							return err
-						}
-					}
-				}
-				created = append(created, sv)
-				build = append(build, id)
-			}
-			s.enqueueAfter(tx, build...)
-			return nil
-		})
-		if err == nil {
-			releaseAll(st, claims[used:])
-			s.keepAll(st, claims[:used])
-			break
-		}
-		releaseAll(st, claims)
-		if !errors.Is(err, errClaimConflict) || attempt >= placeAttempts {
-			return nil, err
-		}
-		if _, err := s.reloadSched(ctx); err != nil {
-			return nil, err
-		}
+	j.recordShort = true
+	j.write = func(tx *store.Tx, claims []scheduler.Claim, zones map[string]string) (keys []string, err error) {
+		created, keys, err = s.insertCreate(ctx, tx, plan, claims, zones)
+		return keys, err
+	}
+	if err := s.place(ctx, j); err != nil {
+		return nil, err
 	}
 	if req.ReturnReservation {
 		return api.JSON(http.StatusAccepted, map[string]any{"reservation_id": rid}), nil
@@ -823,6 +482,160 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	body := map[string]any{"id": first.ID, "links": lk, "OS-DCF:diskConfig": req.DiskConfig,
 		"security_groups": sgView, "adminPass": req.AdminPass}
 	return api.JSON(http.StatusAccepted, map[string]any{"server": body}).WithHeader("Location", lk[0]["href"]), nil
+}
+
+// resolvedNet is one network a create's servers get a port on.
+type resolvedNet struct {
+	networkID, portID, fixedIP string
+}
+
+// createPlan is a create with everything resolved that its transaction
+// needs.
+type createPlan struct {
+	req       *createReq
+	caller    *api.Caller
+	flavor    *Flavor
+	snap      flavorSnap
+	osType    string
+	kp        *Keypair
+	nets      []resolvedNet
+	sgs       []string
+	rid       string
+	pinned    *string
+	publicIP  bool
+	requestID string
+}
+
+// insertCreate is a create's placing transaction: as many servers as the
+// quota allows, each on its claim with its ports, or, when fewer than
+// min_count were placed, each in ERROR with Nova's NoValidHost fault. It
+// returns the servers and the keys of the claims they keep.
+func (s *Service) insertCreate(ctx context.Context, tx *store.Tx, p *createPlan, claims []scheduler.Claim, zones map[string]string) ([]*server, []string, error) {
+	c, req := p.caller, p.req
+	if err := lockProjectQuota(ctx, tx, c.ProjectID); err != nil {
+		return nil, nil, err
+	}
+	quota, err := s.quotaFor(ctx, tx, c.ProjectID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkMetadataCount(quota.MetadataItems, len(req.Metadata)); err != nil {
+		return nil, nil, err
+	}
+	insts, cores, ram, err := s.projectUsage(ctx, tx, c.ProjectID)
+	if err != nil {
+		return nil, nil, err
+	}
+	count, err := fitQuota(quota, insts, cores, ram, p.flavor, req.MinCount, req.MaxCount)
+	if err != nil {
+		return nil, nil, err
+	}
+	noHost := min(count, len(claims)) < req.MinCount
+	if !noHost {
+		count = min(count, len(claims))
+	}
+	now := s.now()
+	var created []*server
+	var keys []string
+	for i := 0; i < count; i++ {
+		sv := p.newServer(i, count, now)
+		if noHost {
+			sv.VMState, sv.TaskState = vmError, ""
+			sv.Doc.Fault = &faultDoc{Code: 500, Message: errNoValidHost.Error(), Details: errNoValidHost.Error(), Created: now}
+		} else {
+			sv.Host, sv.AZ = claims[i].Host, zones[claims[i].Host]
+		}
+		if err := s.insertCreated(ctx, tx, p, sv, now); err != nil {
+			return nil, nil, err
+		}
+		created = append(created, sv)
+		if !noHost {
+			keys = append(keys, sv.ID)
+		}
+	}
+	s.enqueueAfter(tx, keys...)
+	return created, keys, nil
+}
+
+// newServer is the i-th of a create's count servers, not yet placed.
+func (p *createPlan) newServer(i, count int, now time.Time) *server {
+	req, c, snap := p.req, p.caller, p.snap
+	id := newUUID()
+	name, hostname := req.Name, req.Hostname
+	if count > 1 {
+		name = fmt.Sprintf("%s-%d", req.Name, i+1)
+	}
+	if hostname == "" {
+		hostname = sanitizeHostname(name)
+	}
+	sv := &server{
+		ID: id, ProjectID: c.ProjectID, UserID: c.UserID, Name: name,
+		VMState: vmBuilding, TaskState: taskSpawning, FlavorID: p.flavor.ID, ImageRef: req.ImageRef,
+		ReservationID: p.rid, LaunchIndex: i, AZ: req.AZ, KeyName: req.KeyName, Hostname: hostname,
+		Tags: append([]string{}, req.Tags...), VCPUs: snap.VCPUs, MemoryMB: snap.RAM, DiskGB: snap.diskGB(),
+		CreatedAt: now, UpdatedAt: now,
+		Doc: serverDoc{Flavor: snap, Metadata: req.Metadata, Description: req.Description,
+			AccessIPv4: req.AccessIPv4, AccessIPv6: canonicalIP(req.AccessIPv6), ConfigDrive: req.ConfigDrive,
+			DiskConfig: req.DiskConfig, UserData: req.UserData, SecurityGroups: p.sgs, AdminPass: req.AdminPass,
+			PinnedAZ: p.pinned, RequestedHost: req.Host, OSType: p.osType, RequestID: p.requestID,
+			InstanceName: "instance-" + strings.ReplaceAll(id, "-", "")[:8], TaskID: newUUID(),
+			Group: req.Hints.Group, SameHost: req.Hints.SameHost, DifferentHost: req.Hints.DifferentHost},
+	}
+	if p.kp != nil {
+		sv.Doc.PublicKey = p.kp.PublicKey
+	}
+	if sv.Doc.OSType == "windows" {
+		sv.Doc.Password = encryptPassword(sv.Doc.PublicKey, req.AdminPass)
+	}
+	return sv
+}
+
+// insertCreated writes one new server in tx with its group membership and
+// create action; a placed server also gets its ports, a failed one its
+// action's NoValidHost event.
+func (s *Service) insertCreated(ctx context.Context, tx *store.Tx, p *createPlan, sv *server, now time.Time) error {
+	if err := s.insertServer(ctx, tx, sv); err != nil {
+		return err
+	}
+	if g := p.req.Hints.Group; g != "" {
+		if err := s.addGroupMember(ctx, tx, g, sv.ID); err != nil {
+			return err
+		}
+	}
+	if err := s.recordAction(ctx, tx, sv.ID, "create"); err != nil {
+		return err
+	}
+	if sv.Host == "" {
+		return s.finishAction(ctx, tx, sv.ID, sv.Doc.RequestID, "conductor_schedule_and_build_instances", "", now, errNoValidHost)
+	}
+	return s.bindNets(ctx, tx, p, sv.ID)
+}
+
+// bindNets gives a new server its ports: the requested ones bound, one
+// made on each requested network, and a public address on the first when
+// the flavor asks for one.
+func (s *Service) bindNets(ctx context.Context, tx *store.Tx, p *createPlan, id string) error {
+	project := p.caller.ProjectID
+	for i, n := range p.nets {
+		portID := n.portID
+		if portID != "" {
+			if err := s.networks.BindPort(ctx, tx, project, portID, id); err != nil {
+				return err
+			}
+		} else {
+			port, err := s.networks.CreateServerPort(ctx, tx, project, n.networkID, id, n.fixedIP, p.sgs)
+			if err != nil {
+				return err
+			}
+			portID = port.ID
+		}
+		if i == 0 && p.publicIP {
+			if _, err := s.networks.AttachPublicIP(ctx, tx, project, id, portID); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // quotaRoom is how many servers of flavor the project's quota lets a

@@ -1,10 +1,10 @@
 package compute
 
 import (
+	"math"
 	"net/http"
 	"net/url"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -23,23 +23,15 @@ const (
 	maxSortKeys   = 10
 )
 
-func parseLimit(s string) (int, error) {
-	if s == "" {
-		return maxLimit, nil
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return 0, api.BadRequest("limit param must be an integer")
-	}
-	if n < 0 {
-		return 0, api.BadRequest("limit param must be positive")
-	}
-	// limit=0 is an empty page, as nova's get_limit_and_marker gives.
-	if n > maxLimit {
-		n = maxLimit
-	}
-	return n, nil
+// limitRule is nova/api/openstack/common.py get_pagination_params: limit=0
+// is an empty page, past max_limit is max_limit.
+var limitRule = api.IntRule{
+	Default: maxLimit, Min: 0, Max: maxLimit,
+	NotInt:   func(string) error { return api.BadRequest("limit param must be an integer") },
+	TooSmall: func(string) error { return api.BadRequest("limit param must be positive") },
 }
+
+func parseLimit(s string) (int, error) { return limitRule.Parse(s, s != "") }
 
 // parseISOTime reads the timestamps Nova's query schemas accept.
 func parseISOTime(s string) (time.Time, error) {
@@ -95,388 +87,352 @@ var sortColumns = map[string]string{
 	"vm_mode": "created_at",
 }
 
-func boolParam(s string) (bool, bool) {
-	switch strings.ToLower(s) {
-	case "1", "t", "true", "on", "y", "yes":
-		return true, true
-	case "0", "f", "false", "off", "n", "no":
-		return false, true
-	}
-	return false, false
-}
-
 func likeEscape(s string) string {
 	r := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 	return r.Replace(s)
 }
 
-type sortSpec struct {
-	col  string
-	desc bool
+// serverList is one GET /servers request being read: its query, the SQL
+// page it becomes, and the filters SQL cannot apply (Nova's name and ip
+// filters are Python regular expressions).
+type serverList struct {
+	r              *http.Request
+	q              url.Values
+	v              Version
+	c              *api.Caller
+	page           api.Page
+	includeDeleted bool
+	name, ip, ip6  *regexp.Regexp
+}
+
+func (l *serverList) get(k string) (string, bool) {
+	if _, ok := l.q[k]; !ok {
+		return "", false
+	}
+	return l.q.Get(k), true
+}
+
+// postFiltered reports whether rows are filtered after SQL, so that SQL
+// cannot stop at the page's limit.
+func (l *serverList) postFiltered() bool { return l.name != nil || l.ip != nil || l.ip6 != nil }
+
+// serverFilters read the query in Nova's order of checks
+// (servers.py _get_servers): the first bad parameter is the one reported.
+var serverFilters = []func(l *serverList) error{
+	(*serverList).tenantFilter,
+	(*serverList).deletedFilters,
+	(*serverList).statusFilter,
+	(*serverList).equalityFilters,
+	(*serverList).powerStateFilter,
+	(*serverList).lockedFilter,
+	(*serverList).tagFilters,
+	(*serverList).sortAndPage,
+	(*serverList).regexFilters,
 }
 
 // handleList is GET /servers and /servers/detail (servers.py _get_servers).
 func (s *Service) handleList(detail bool) api.HandlerFunc {
 	return func(r *http.Request) (*api.Response, error) {
 		ctx := r.Context()
-		v := VersionFrom(ctx)
-		c := api.CallerFrom(ctx)
-		q := r.URL.Query()
-		if v.AtLeast(75) {
+		l := &serverList{r: r, q: r.URL.Query(), v: VersionFrom(ctx), c: api.CallerFrom(ctx)}
+		if l.v.AtLeast(75) {
 			allowed := append(append(append([]string{}, userFilters...), adminFilters...), pageParams...)
-			if err := onlyParams(q, allowed...); err != nil {
+			if err := onlyParams(l.q, allowed...); err != nil {
 				return nil, err
 			}
 		}
-		get := func(k string) (string, bool) {
-			if _, ok := q[k]; !ok {
-				return "", false
-			}
-			return q.Get(k), true
-		}
-		where := []string{}
-		args := []any{}
-		add := func(cond string, a ...any) { where = append(where, cond); args = append(args, a...) }
-
-		allTenants := false
-		if at, ok := get("all_tenants"); ok {
-			if !c.IsAdmin() {
-				return nil, api.PolicyForbidden("os_compute_api:servers:index:get_all_tenants")
-			}
-			b, valid := boolParam(at)
-			allTenants = at == "" || !valid || b
-		}
-		if !allTenants {
-			add("project_id = ?", c.ProjectID)
-		} else if p, ok := get("project_id"); ok {
-			add("project_id = ?", p)
-		} else if p, ok := get("tenant_id"); ok {
-			add("project_id = ?", p)
-		}
-		includeDeleted := false
-		if d, ok := get("deleted"); ok && c.IsAdmin() {
-			b, _ := boolParam(d)
-			if b {
-				add("deleted = 1")
-			} else {
-				add("deleted = 0")
-			}
-			includeDeleted = true
-		}
-		if cs, ok := get("changes-since"); ok {
-			t, err := parseISOTime(cs)
-			if err != nil {
-				return nil, api.BadRequest("Invalid input for query parameters changes-since. Value: %s. '%s' is not a 'date-time'", cs, cs)
-			}
-			add("updated_at >= ?", store.FormatTime(t))
-			includeDeleted = true
-		}
-		if cb, ok := get("changes-before"); ok && v.AtLeast(66) {
-			t, err := parseISOTime(cb)
-			if err != nil {
-				return nil, api.BadRequest("Invalid input for query parameters changes-before. Value: %s. '%s' is not a 'date-time'", cb, cb)
-			}
-			add("updated_at <= ?", store.FormatTime(t))
-			includeDeleted = true
-		}
-		if !includeDeleted {
-			add("deleted = 0")
-		}
-		if sts, ok := q["status"]; ok {
-			var ors []string
-			for _, st := range sts {
-				fs, known := statusFilters(st)
-				if !known {
-					if v.AtLeast(38) {
-						return nil, api.BadRequest("Invalid status value")
-					}
-					ors = append(ors, "1=0")
-					continue
-				}
-				for _, f := range fs {
-					if f.tasks == nil {
-						ors = append(ors, "vm_state = ?")
-						args = append(args, f.vm)
-					} else {
-						ors = append(ors, "(vm_state = ? AND task_state IN ("+placeholders(len(f.tasks))+"))")
-						args = append(args, f.vm)
-						for _, t := range f.tasks {
-							args = append(args, t)
-						}
-					}
-				}
-			}
-			where = append(where, "("+strings.Join(ors, " OR ")+")")
-		}
-		eq := func(param, col string, admin bool, minV int) {
-			if val, ok := get(param); ok && (!admin || c.IsAdmin()) && (minV == 0 || v.AtLeast(minV) || c.IsAdmin()) {
-				if i := strings.LastIndexByte(val, '/'); i >= 0 && (param == "image" || param == "flavor") {
-					val = val[i+1:]
-				}
-				add(col+" = ?", val)
+		for _, f := range serverFilters {
+			if err := f(l); err != nil {
+				return nil, err
 			}
 		}
-		eq("reservation_id", "reservation_id", false, 0)
-		eq("image", "image_ref", false, 0)
-		eq("flavor", "flavor_id", false, 0)
-		eq("availability_zone", "availability_zone", false, 83)
-		eq("key_name", "key_name", false, 83)
-		eq("task_state", "task_state", false, 83)
-		eq("vm_state", "vm_state", false, 83)
-		eq("user_id", "user_id", false, 83)
-		eq("hostname", "hostname", false, 90)
-		eq("host", "host", true, 0)
-		eq("node", "host", true, 0)
-		eq("uuid", "id", true, 0)
-		if ps, ok := get("power_state"); ok && (v.AtLeast(83) || c.IsAdmin()) {
-			n, err := strconv.Atoi(ps)
-			if err != nil {
-				return nil, api.BadRequest("Invalid input for query parameters power_state. Value: %s.", ps)
-			}
-			add("power_state = ?", n)
-		}
-		if l, ok := get("locked"); ok && v.AtLeast(73) {
-			b, valid := boolParam(l)
-			if !valid {
-				return nil, api.BadRequest("Unrecognized value '%s', acceptable values are: '0', '1', 'f', 'false', 'n', 'no', 'off', 'on', 't', 'true', 'y', 'yes'", l)
-			}
-			add("locked = ?", b2i(b))
-		}
-		if v.AtLeast(26) {
-			var tagErr error
-			tagConds := func(param string, join string, negate bool) {
-				val, ok := get(param)
-				if !ok || val == "" {
-					return
-				}
-				tags := strings.Split(val, ",")
-				if len(tags) > maxServerTags {
-					// A server holds at most that many: a longer filter
-					// only makes a longer query.
-					tagErr = api.BadRequest("Invalid input for query parameters %s: at most %d tags.", param, maxServerTags)
-					return
-				}
-				var cs []string
-				for _, t := range tags {
-					cs = append(cs, `tags LIKE ? ESCAPE '\'`)
-					args = append(args, "%,"+likeEscape(t)+",%")
-				}
-				cond := "(" + strings.Join(cs, join) + ")"
-				if negate {
-					cond = "NOT " + cond
-				}
-				where = append(where, cond)
-			}
-			tagConds("tags", " AND ", false)
-			tagConds("tags-any", " OR ", false)
-			tagConds("not-tags", " AND ", true)
-			tagConds("not-tags-any", " OR ", true)
-			if tagErr != nil {
-				return nil, tagErr
-			}
-		}
-		// Sorting.
-		keys, dirs := q["sort_key"], q["sort_dir"]
-		if len(keys) > maxSortKeys || len(dirs) > maxSortKeys {
-			return nil, api.BadRequest("Invalid input for query parameters sort_key: at most %d sort keys.", maxSortKeys)
-		}
-		for _, d := range dirs {
-			if d != "asc" && d != "desc" {
-				return nil, api.BadRequest("Invalid input for query parameters sort_dir. Value: %s. '%s' is not one of ['asc', 'desc']", d, d)
-			}
-		}
-		var sorts []sortSpec
-		for i, k := range keys {
-			col, ok := sortColumns[k]
-			if !ok || (k == "locked" && !v.AtLeast(73)) {
-				return nil, api.BadRequest("Invalid input for query parameters sort_key. Value: %s.", k)
-			}
-			d := "desc"
-			if i < len(dirs) {
-				d = dirs[i]
-			} else if len(dirs) > 0 {
-				d = dirs[len(dirs)-1]
-			}
-			if d != "asc" && d != "desc" {
-				return nil, api.BadRequest("Invalid input for query parameters sort_dir. Value: %s.", d)
-			}
-			sorts = append(sorts, sortSpec{col, d == "desc"})
-		}
-		if len(sorts) == 0 {
-			d := true
-			if len(dirs) > 0 {
-				d = dirs[0] != "asc"
-			}
-			sorts = []sortSpec{{"created_at", d}}
-		}
-		sorts = append(sorts, sortSpec{"id", sorts[len(sorts)-1].desc})
-		limit, err := parseLimit(q.Get("limit"))
-		if err != nil {
+		if err := s.afterMarker(l); err != nil {
 			return nil, err
 		}
-		if marker, ok := get("marker"); ok {
-			cols := make([]string, len(sorts))
-			for i, sp := range sorts {
-				cols[i] = sp.col
-			}
-			vals := make([]any, len(sorts))
-			ptrs := make([]any, len(sorts))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			err := s.db.QueryRow(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM compute_servers WHERE id = ?", marker).Scan(ptrs...)
-			if err != nil {
-				if store.IsNoRows(err) {
-					return nil, api.BadRequest("marker [%s] not found", marker)
-				}
-				return nil, err
-			}
-			var ors []string
-			for i, sp := range sorts {
-				var ands []string
-				for j := 0; j < i; j++ {
-					ands = append(ands, sorts[j].col+" = ?")
-					args = append(args, vals[j])
-				}
-				op := " > ?"
-				if sp.desc {
-					op = " < ?"
-				}
-				ands = append(ands, sp.col+op)
-				args = append(args, vals[i])
-				ors = append(ors, "("+strings.Join(ands, " AND ")+")")
-			}
-			where = append(where, "("+strings.Join(ors, " OR ")+")")
-		}
-		var order []string
-		for _, sp := range sorts {
-			d := " ASC"
-			if sp.desc {
-				d = " DESC"
-			}
-			order = append(order, sp.col+d)
-		}
-		var nameRE *regexp.Regexp
-		if n, ok := get("name"); ok {
-			if nameRE, err = regexp.Compile(n); err != nil {
-				nameRE = regexp.MustCompile(regexp.QuoteMeta(n))
-			}
-		}
-		var ipRE, ip6RE *regexp.Regexp
-		if ip, ok := get("ip"); ok {
-			if ipRE, err = regexp.Compile(ip); err != nil {
-				ipRE = regexp.MustCompile(regexp.QuoteMeta(ip))
-			}
-		}
-		if ip, ok := get("ip6"); ok && v.AtLeast(5) {
-			if ip6RE, err = regexp.Compile(ip); err != nil {
-				ip6RE = regexp.MustCompile(regexp.QuoteMeta(ip))
-			}
-		}
-		postFilter := nameRE != nil || ipRE != nil || ip6RE != nil
-		where2 := strings.Join(where, " AND ") + " ORDER BY " + strings.Join(order, ", ")
-		if !postFilter {
-			where2 += " LIMIT " + strconv.Itoa(limit)
-		}
-		if !detail && ipRE == nil && ip6RE == nil {
+		if !detail && l.ip == nil && l.ip6 == nil {
 			// The index view needs only ids and names: no documents, no
 			// addresses (clients poll it, e.g. ?status=ACTIVE).
-			return s.listIndex(r, q, where2, args, nameRE, limit)
+			return s.listIndex(l)
 		}
-		query := "SELECT " + serverCols + " FROM compute_servers WHERE " + where2
-		rows, err := s.db.Query(ctx, query, args...)
+		return s.listDetail(l, detail)
+	}
+}
+
+// tenantFilter is all_tenants (admins only) and the project it narrows to.
+func (l *serverList) tenantFilter() error {
+	allTenants := false
+	if at, ok := l.get("all_tenants"); ok {
+		if !l.c.IsAdmin() {
+			return api.PolicyForbidden("os_compute_api:servers:index:get_all_tenants")
+		}
+		b, valid := api.ParseBool(at)
+		allTenants = at == "" || !valid || b
+	}
+	if !allTenants {
+		l.page.Add("project_id = ?", l.c.ProjectID)
+	} else if p, ok := l.get("project_id"); ok {
+		l.page.Add("project_id = ?", p)
+	} else if p, ok := l.get("tenant_id"); ok {
+		l.page.Add("project_id = ?", p)
+	}
+	return nil
+}
+
+// deletedFilters is deleted (admins), changes-since and changes-before
+// (2.66): each shows deleted servers too.
+func (l *serverList) deletedFilters() error {
+	if d, ok := l.get("deleted"); ok && l.c.IsAdmin() {
+		if b, _ := api.ParseBool(d); b {
+			l.page.Add("deleted = 1")
+		} else {
+			l.page.Add("deleted = 0")
+		}
+		l.includeDeleted = true
+	}
+	for _, tf := range []struct {
+		param, cond string
+		minV        int
+	}{{"changes-since", "updated_at >= ?", 0}, {"changes-before", "updated_at <= ?", 66}} {
+		raw, ok := l.get(tf.param)
+		if !ok || !l.v.AtLeast(tf.minV) {
+			continue
+		}
+		t, err := parseISOTime(raw)
 		if err != nil {
-			return nil, err
+			return api.BadRequest("Invalid input for query parameters %s. Value: %s. '%s' is not a 'date-time'", tf.param, raw, raw)
 		}
-		var svs []*server
-		for rows.Next() {
-			sv, err := s.scanServerCached(rows)
-			if err != nil {
-				rows.Close()
-				return nil, err
+		l.page.Add(tf.cond, store.FormatTime(t))
+		l.includeDeleted = true
+	}
+	if !l.includeDeleted {
+		l.page.Add("deleted = 0")
+	}
+	return nil
+}
+
+// statusFilter maps each status to its vm and task states; an unknown one
+// is 400 from 2.38 and matches nothing before.
+func (l *serverList) statusFilter() error {
+	sts, ok := l.q["status"]
+	if !ok {
+		return nil
+	}
+	var ors []string
+	var args []any
+	for _, st := range sts {
+		fs, known := statusFilters(st)
+		if !known {
+			if l.v.AtLeast(38) {
+				return api.BadRequest("Invalid status value")
 			}
-			if nameRE != nil && !nameRE.MatchString(sv.Name) {
+			ors = append(ors, "1=0")
+			continue
+		}
+		for _, f := range fs {
+			if f.tasks == nil {
+				ors, args = append(ors, "vm_state = ?"), append(args, f.vm)
 				continue
 			}
-			svs = append(svs, sv)
+			in, tasks := api.InList(f.tasks)
+			ors, args = append(ors, "(vm_state = ? AND task_state "+in+")"), append(append(args, f.vm), tasks...)
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-		vc, err := s.newViewCtx(r, svs)
-		if err != nil {
-			return nil, err
-		}
-		if ipRE != nil || ip6RE != nil {
-			kept := svs[:0]
-			for _, sv := range svs {
-				match := false
-				for _, addrs := range vc.addresses[sv.ID] {
-					for _, a := range addrs {
-						if (ipRE != nil && a.Version == 4 && ipRE.MatchString(a.Addr)) || (ip6RE != nil && a.Version == 6 && ip6RE.MatchString(a.Addr)) {
-							match = true
-						}
-					}
-				}
-				if match {
-					kept = append(kept, sv)
-				}
-			}
-			svs = kept
-		}
-		if len(svs) > limit {
-			svs = svs[:limit]
-		}
-		// The page is encoded by hand (views_json.go): with 1000 servers,
-		// reflection-based encoding would dominate the answer time.
-		b := make([]byte, 0, 256+len(svs)*1800)
-		b = append(b, `{"servers":[`...)
-		for i, sv := range svs {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			if detail {
-				b = vc.serverView(sv, false).appendJSON(b)
-			} else {
-				b = obj{{"id", sv.ID}, {"name", sv.Name}, {"links", links(r, "servers/"+sv.ID)}}.appendJSON(b)
-			}
-		}
-		b = append(b, ']')
-		if len(svs) == limit && limit > 0 {
-			path := "servers"
-			if detail {
-				path = "servers/detail"
-			}
-			b = appendNextLink(r, b, q, path, limit, svs[len(svs)-1].ID)
-		}
-		b = append(b, '}')
-		return (&api.Response{Status: http.StatusOK, Body: b}).WithHeader("Content-Type", "application/json"), nil
 	}
+	l.page.Add("("+strings.Join(ors, " OR ")+")", args...)
+	return nil
 }
 
-func encodeSorted(q url.Values) string {
-	keys := make([]string, 0, len(q))
-	for k := range q {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var parts []string
-	for _, k := range keys {
-		for _, v := range q[k] {
-			parts = append(parts, url.QueryEscape(k)+"="+url.QueryEscape(v))
-		}
-	}
-	return strings.Join(parts, "&")
+// equalityFilter is a query parameter that selects one column value.
+type equalityFilter struct {
+	param, col string
+	adminOnly  bool
+	// minV is the microversion from which non-admins may use it (0: any).
+	minV int
 }
 
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?,", n), ",")
+var equalityFilters = []equalityFilter{
+	{"reservation_id", "reservation_id", false, 0},
+	{"image", "image_ref", false, 0},
+	{"flavor", "flavor_id", false, 0},
+	{"availability_zone", "availability_zone", false, 83},
+	{"key_name", "key_name", false, 83},
+	{"task_state", "task_state", false, 83},
+	{"vm_state", "vm_state", false, 83},
+	{"user_id", "user_id", false, 83},
+	{"hostname", "hostname", false, 90},
+	{"host", "host", true, 0},
+	{"node", "host", true, 0},
+	{"uuid", "id", true, 0},
+}
+
+func (l *serverList) equalityFilters() error {
+	admin := l.c.IsAdmin()
+	for _, f := range equalityFilters {
+		val, ok := l.get(f.param)
+		if !ok || (f.adminOnly && !admin) || (f.minV != 0 && !l.v.AtLeast(f.minV) && !admin) {
+			continue
+		}
+		if i := strings.LastIndexByte(val, '/'); i >= 0 && (f.param == "image" || f.param == "flavor") {
+			val = val[i+1:] // an image or flavor link names it by its last segment
+		}
+		l.page.Add(f.col+" = ?", val)
+	}
+	return nil
+}
+
+var powerStateRule = api.IntRule{Min: math.MinInt, NotInt: func(raw string) error {
+	return api.BadRequest("Invalid input for query parameters power_state. Value: %s.", raw)
+}}
+
+func (l *serverList) powerStateFilter() error {
+	ps, ok := l.get("power_state")
+	if !ok || (!l.v.AtLeast(83) && !l.c.IsAdmin()) {
+		return nil
+	}
+	n, err := powerStateRule.Parse(ps, true)
+	if err != nil {
+		return err
+	}
+	if n != int(int32(n)) {
+		// No server has it, and PostgreSQL refuses it for an INTEGER.
+		l.page.Add("1 = 0")
+		return nil
+	}
+	l.page.Add("power_state = ?", n)
+	return nil
+}
+
+func (l *serverList) lockedFilter() error {
+	raw, ok := l.get("locked")
+	if !ok || !l.v.AtLeast(73) {
+		return nil
+	}
+	b, valid := api.ParseBool(raw)
+	if !valid {
+		return api.BadRequest("Unrecognized value '%s', acceptable values are: '0', '1', 'f', 'false', 'n', 'no', 'off', 'on', 't', 'true', 'y', 'yes'", raw)
+	}
+	l.page.Add("locked = ?", b2i(b))
+	return nil
+}
+
+// tagFilters are tags, tags-any, not-tags and not-tags-any (2.26); tags
+// are stored as ",a,b," so that LIKE finds whole tags.
+func (l *serverList) tagFilters() error {
+	if !l.v.AtLeast(26) {
+		return nil
+	}
+	for _, tf := range []struct {
+		param, join string
+		negate      bool
+	}{{"tags", " AND ", false}, {"tags-any", " OR ", false}, {"not-tags", " AND ", true}, {"not-tags-any", " OR ", true}} {
+		val, ok := l.get(tf.param)
+		if !ok || val == "" {
+			continue
+		}
+		tags := strings.Split(val, ",")
+		if len(tags) > maxServerTags {
+			// A server holds at most that many: a longer filter only makes
+			// a longer query.
+			return api.BadRequest("Invalid input for query parameters %s: at most %d tags.", tf.param, maxServerTags)
+		}
+		conds, args := make([]string, len(tags)), make([]any, len(tags))
+		for i, t := range tags {
+			conds[i], args[i] = `tags LIKE ? ESCAPE '\'`, "%,"+likeEscape(t)+",%"
+		}
+		cond := "(" + strings.Join(conds, tf.join) + ")"
+		if tf.negate {
+			cond = "NOT " + cond
+		}
+		l.page.Add(cond, args...)
+	}
+	return nil
+}
+
+// sortAndPage reads sort_key/sort_dir (a key without a direction takes the
+// last one given, else desc; the default is created_at) and limit. The id
+// ends the keys so that a marker is exact.
+func (l *serverList) sortAndPage() error {
+	keys, dirs := l.q["sort_key"], l.q["sort_dir"]
+	if len(keys) > maxSortKeys || len(dirs) > maxSortKeys {
+		return api.BadRequest("Invalid input for query parameters sort_key: at most %d sort keys.", maxSortKeys)
+	}
+	for _, d := range dirs {
+		if d != "asc" && d != "desc" {
+			return api.BadRequest("Invalid input for query parameters sort_dir. Value: %s. '%s' is not one of ['asc', 'desc']", d, d)
+		}
+	}
+	for i, k := range keys {
+		col, ok := sortColumns[k]
+		if !ok || (k == "locked" && !l.v.AtLeast(73)) {
+			return api.BadRequest("Invalid input for query parameters sort_key. Value: %s.", k)
+		}
+		d := "desc"
+		if i < len(dirs) {
+			d = dirs[i]
+		} else if len(dirs) > 0 {
+			d = dirs[len(dirs)-1]
+		}
+		l.page.Keys = append(l.page.Keys, api.SortKey{Col: col, Desc: d == "desc"})
+	}
+	if len(l.page.Keys) == 0 {
+		l.page.Keys = api.Keyset{{Col: "created_at", Desc: len(dirs) == 0 || dirs[0] != "asc"}}
+	}
+	l.page.Keys = append(l.page.Keys, api.SortKey{Col: "id", Desc: l.page.Keys[len(l.page.Keys)-1].Desc})
+	var err error
+	l.page.Limit, err = parseLimit(l.q.Get("limit"))
+	return err
+}
+
+// regexFilters are name, ip and ip6 (2.5): Nova matches them as regular
+// expressions, or as text when they do not compile.
+func (l *serverList) regexFilters() error {
+	l.name = l.regexParam("name", 0)
+	l.ip = l.regexParam("ip", 0)
+	l.ip6 = l.regexParam("ip6", 5)
+	return nil
+}
+
+func (l *serverList) regexParam(param string, minV int) *regexp.Regexp {
+	val, ok := l.get(param)
+	if !ok || !l.v.AtLeast(minV) {
+		return nil
+	}
+	re, err := regexp.Compile(val)
+	if err != nil {
+		re = regexp.MustCompile(regexp.QuoteMeta(val))
+	}
+	return re
+}
+
+// afterMarker narrows the page to the servers after the marker's sort
+// values.
+func (s *Service) afterMarker(l *serverList) error {
+	marker, ok := l.get("marker")
+	if !ok {
+		return nil
+	}
+	vals, err := l.page.Keys.MarkerValues(l.r.Context(), s.db, "compute_servers", "id = ?", marker)
+	if err == store.ErrNotFound {
+		return api.BadRequest("marker [%s] not found", marker)
+	} else if err != nil {
+		return err
+	}
+	l.page.AfterMarker(vals)
+	return nil
+}
+
+// sqlPage is the page's SQL: without a limit when rows are filtered after
+// it (the scan then stops at the limit itself).
+func (l *serverList) sqlPage() string {
+	p := l.page
+	if l.postFiltered() {
+		p.Limit = -1
+	}
+	return p.SQL()
 }
 
 // listIndex answers GET /servers from ids and names alone.
-func (s *Service) listIndex(r *http.Request, q url.Values, where string, args []any, nameRE *regexp.Regexp, limit int) (*api.Response, error) {
-	rows, err := s.db.Query(r.Context(), "SELECT id, name FROM compute_servers WHERE "+where, args...)
+func (s *Service) listIndex(l *serverList) (*api.Response, error) {
+	rows, err := s.db.Query(l.r.Context(), "SELECT id, name FROM compute_servers "+l.sqlPage(), l.page.Args...)
 	if err != nil {
 		return nil, err
 	}
@@ -484,41 +440,119 @@ func (s *Service) listIndex(r *http.Request, q url.Values, where string, args []
 	b := make([]byte, 0, 4096)
 	b = append(b, `{"servers":[`...)
 	n, last := 0, ""
-	for rows.Next() && n < limit {
+	for n < l.page.Limit && rows.Next() {
 		var id, name string
 		if err := rows.Scan(&id, &name); err != nil {
 			return nil, err
 		}
-		if nameRE != nil && !nameRE.MatchString(name) {
+		if l.name != nil && !l.name.MatchString(name) {
 			continue
 		}
 		if n > 0 {
 			b = append(b, ',')
 		}
-		b = obj{{"id", id}, {"name", name}, {"links", links(r, "servers/"+id)}}.appendJSON(b)
+		b = obj{{"id", id}, {"name", name}, {"links", links(l.r, "servers/"+id)}}.appendJSON(b)
 		n, last = n+1, id
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	b = append(b, ']')
-	if n == limit && limit > 0 {
-		b = appendNextLink(r, b, q, "servers", limit, last)
-	}
-	b = append(b, '}')
-	return (&api.Response{Status: http.StatusOK, Body: b}).WithHeader("Content-Type", "application/json"), nil
+	return serversPage(l, b, "servers", n, last), nil
 }
 
-// appendNextLink adds servers_links with the next page's URL, keeping the
-// request's other parameters (nova/api/openstack/common.py _get_next_link).
-func appendNextLink(r *http.Request, b []byte, q url.Values, path string, limit int, last string) []byte {
-	nq := url.Values{}
-	for k, vs := range q {
-		nq[k] = vs
+// listDetail answers GET /servers/detail, and GET /servers with an ip
+// filter, which needs the servers' addresses.
+func (s *Service) listDetail(l *serverList, detail bool) (*api.Response, error) {
+	svs, err := s.loadPage(l)
+	if err != nil {
+		return nil, err
 	}
-	nq.Set("limit", strconv.Itoa(limit))
-	nq.Set("marker", last)
-	href := links(r, path)[0]["href"] + "?" + encodeSorted(nq)
-	b = append(b, `,"servers_links":`...)
-	return appendJSONValue(b, []any{obj{{"rel", "next"}, {"href", href}}})
+	vc, err := s.newViewCtx(l.r, svs)
+	if err != nil {
+		return nil, err
+	}
+	if l.ip != nil || l.ip6 != nil {
+		svs = matchAddresses(svs, vc, l.ip, l.ip6)
+	}
+	if len(svs) > l.page.Limit {
+		svs = svs[:l.page.Limit]
+	}
+	// The page is encoded by hand (views_json.go): with 1000 servers,
+	// reflection-based encoding would dominate the answer time.
+	b := make([]byte, 0, 256+len(svs)*1800)
+	b = append(b, `{"servers":[`...)
+	for i, sv := range svs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if detail {
+			b = vc.serverView(sv, false).appendJSON(b)
+		} else {
+			b = obj{{"id", sv.ID}, {"name", sv.Name}, {"links", links(l.r, "servers/"+sv.ID)}}.appendJSON(b)
+		}
+	}
+	path, last := "servers", ""
+	if detail {
+		path = "servers/detail"
+	}
+	if len(svs) > 0 {
+		last = svs[len(svs)-1].ID
+	}
+	return serversPage(l, b, path, len(svs), last), nil
+}
+
+// loadPage reads the page's servers that match the name filter; without an
+// address filter it stops at the limit.
+func (s *Service) loadPage(l *serverList) ([]*server, error) {
+	rows, err := s.db.Query(l.r.Context(), "SELECT "+serverCols+" FROM compute_servers "+l.sqlPage(), l.page.Args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var svs []*server
+	for (l.ip != nil || l.ip6 != nil || len(svs) < l.page.Limit) && rows.Next() {
+		sv, err := s.scanServerCached(rows)
+		if err != nil {
+			return nil, err
+		}
+		if l.name == nil || l.name.MatchString(sv.Name) {
+			svs = append(svs, sv)
+		}
+	}
+	return svs, rows.Err()
+}
+
+// matchAddresses keeps the servers with an IPv4 address matching ip or an
+// IPv6 one matching ip6.
+func matchAddresses(svs []*server, vc *viewCtx, ip, ip6 *regexp.Regexp) []*server {
+	kept := svs[:0]
+	for _, sv := range svs {
+		match := false
+		for _, addrs := range vc.addresses[sv.ID] {
+			for _, a := range addrs {
+				if (ip != nil && a.Version == 4 && ip.MatchString(a.Addr)) || (ip6 != nil && a.Version == 6 && ip6.MatchString(a.Addr)) {
+					match = true
+				}
+			}
+		}
+		if match {
+			kept = append(kept, sv)
+		}
+	}
+	return kept
+}
+
+// serversPage closes the servers array and, when the page is full, adds
+// servers_links with the next page's URL, keeping the request's other
+// parameters (nova/api/openstack/common.py _get_next_link).
+func serversPage(l *serverList, b []byte, path string, n int, last string) *api.Response {
+	b = append(b, ']')
+	if n == l.page.Limit && n > 0 {
+		href := links(l.r, path)[0]["href"] + "?" +
+			api.NextQuery(l.q, map[string]string{"limit": strconv.Itoa(l.page.Limit), "marker": last})
+		b = append(b, `,"servers_links":`...)
+		b = appendJSONValue(b, []any{obj{{"rel", "next"}, {"href", href}}})
+	}
+	b = append(b, '}')
+	return (&api.Response{Status: http.StatusOK, Body: b}).WithHeader("Content-Type", "application/json")
 }

@@ -6,18 +6,20 @@
 package compute
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"nimbus/internal/api"
 	"nimbus/internal/driver"
-	"nimbus/internal/identity"
 	"nimbus/internal/image"
 	"nimbus/internal/network"
 	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
+	"nimbus/internal/workqueue"
 )
 
 // Service is the compute service.
@@ -30,27 +32,66 @@ type Service struct {
 
 	db       *store.DB
 	driver   driver.Driver
-	images   *image.Service
-	networks *network.Service
-	identity *identity.Service
+	images   Images
+	networks Networks
+	identity Projects
 	gate     SpendGate
 	log      *slog.Logger
 	now      func() time.Time
-	queue    *workQueue // reconcile loop work (servers half)
-	docs     docCache   // decoded server documents for lists (servers half)
-	hosts    hostCache  // schedulable hosts, read on every placement
-	sched    schedView  // the scheduler's snapshot of hosts and claims
+	queue    *workqueue.Queue // reconcile loop work, keyed by server id
+	// fresh holds, per server id, the row a worker's last step committed,
+	// so that the next step need not read it again. Only the worker that
+	// holds the id uses its entry; a stale entry costs at most a wasted
+	// driver call, since every commit re-checks the task state.
+	fresh sync.Map
+	docs  docCache  // decoded server documents for lists (servers half)
+	hosts hostCache // schedulable hosts, read on every placement
+	sched schedView // the scheduler's snapshot of hosts and claims
 	// consoleURL is the console proxy's base URL (consoles.go).
 	consoleURL string
+}
+
+// Images is what compute needs of the image service (*image.Service):
+// boot images, snapshots, shelve images and backups.
+type Images interface {
+	Get(ctx context.Context, projectID string, admin bool, id string) (*image.Image, error)
+	List(ctx context.Context, c *api.Caller) ([]*image.Image, error)
+	Delete(ctx context.Context, id string) error
+	CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *image.Image, licence string) (*image.Image, error)
+	CreateShelveImage(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *image.Image, licence string) (*image.Image, error)
+	Backups(ctx context.Context, owner, instance, backupType string) ([]*image.Image, error)
+}
+
+// Networks is what compute needs of the network service
+// (*network.Service): checks and ports at create, ports for the driver,
+// addresses for views, and release at delete.
+type Networks interface {
+	CheckSecurityGroups(ctx context.Context, projectID string, names []string) error
+	AutoNetwork(ctx context.Context, projectID string) (*network.Network, error)
+	GetNetwork(ctx context.Context, projectID string, admin bool, id string) (*network.Network, error)
+	GetPort(ctx context.Context, projectID string, admin bool, id string) (*network.Port, error)
+	BindPort(ctx context.Context, tx *store.Tx, projectID, portID, serverID string) error
+	CreateServerPort(ctx context.Context, tx *store.Tx, projectID, networkID, serverID, fixedIP string, securityGroups []string) (*network.Port, error)
+	AttachPublicIP(ctx context.Context, tx *store.Tx, projectID, serverID, portID string) (string, error)
+	ServerPorts(ctx context.Context, sv network.ServerRef) ([]network.ServerPort, error)
+	Addresses(ctx context.Context, servers []network.ServerRef) (map[string]map[string][]network.Address, error)
+	ReleaseServer(ctx context.Context, tx *store.Tx, serverID string) error
+}
+
+// Projects is what compute needs of the identity service
+// (*identity.Service): whether a project named in a quota call exists.
+type Projects interface {
+	ProjectExists(ctx context.Context, id string) (bool, error)
 }
 
 // Deps are the compute service's collaborators.
 type Deps struct {
 	DB       *store.DB
 	Driver   driver.Driver
-	Images   *image.Service
-	Networks *network.Service
-	Identity *identity.Service
+	Images   Images
+	Networks Networks
+	// Identity, when set, is asked whether a project exists.
+	Identity Projects
 	// Billing, when set, is asked before creates and unshelves.
 	Billing SpendGate
 	// Scheduler is how hosts are chosen (weigher, GPU hosts kept for GPU
@@ -77,7 +118,7 @@ func New(d Deps) *Service {
 		sched: schedView{policy: policy},
 		db:    d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, identity: d.Identity, gate: d.Billing, log: log,
 		now:   func() time.Time { return time.Now().UTC() },
-		queue: newWorkQueue(),
+		queue: workqueue.New(workqueue.Config{Backoff: stepRetry, MaxBackoff: stepRetryMax}),
 	}
 	s.consoleURL = strings.TrimSuffix(d.ConsoleURL, "/")
 	// An aggregate's zone change moves hosts between zones: the

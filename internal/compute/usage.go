@@ -42,7 +42,7 @@ func (s *Service) usageWindow(r *http.Request) (time.Time, time.Time, bool, erro
 	if start.After(end) {
 		return start, end, false, api.BadRequest("Invalid start time. The start time cannot occur after the end time.")
 	}
-	d, _ := boolParam(q.Get("detailed"))
+	d, _ := api.ParseBool(q.Get("detailed"))
 	return start, end, d, nil
 }
 
@@ -250,5 +250,5 @@ func usageLinks(r *http.Request, path string, page *usagePage) []map[string]stri
 	q := r.URL.Query()
 	q.Set("limit", strconv.Itoa(page.limit))
 	q.Set("marker", page.last)
-	return []map[string]string{{"rel": "next", "href": links(r, path)[0]["href"] + "?" + encodeSorted(q)}}
+	return []map[string]string{{"rel": "next", "href": links(r, path)[0]["href"] + "?" + q.Encode()}}
 }

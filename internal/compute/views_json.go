@@ -64,70 +64,53 @@ func appendJSONValue(b []byte, v any) []byte {
 	case obj:
 		return t.appendJSON(b)
 	case []string:
-		b = append(b, '[')
-		for i, s := range t {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendJSONString(b, s)
-		}
-		return append(b, ']')
+		return appendArray(b, t, appendJSONString)
 	case []any:
-		b = append(b, '[')
-		for i, x := range t {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendJSONValue(b, x)
-		}
-		return append(b, ']')
+		return appendArray(b, t, appendJSONValue)
 	case map[string]string:
-		keys := make([]string, 0, len(t))
-		for k := range t {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		b = append(b, '{')
-		for i, k := range keys {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendJSONString(b, k)
-			b = append(b, ':')
-			b = appendJSONString(b, t[k])
-		}
-		return append(b, '}')
+		return appendObject(b, t, appendJSONString)
 	case []map[string]string:
-		b = append(b, '[')
-		for i, m := range t {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendJSONValue(b, m)
-		}
-		return append(b, ']')
+		return appendArray(b, t, func(b []byte, m map[string]string) []byte { return appendObject(b, m, appendJSONString) })
 	case map[string]any:
-		keys := make([]string, 0, len(t))
-		for k := range t {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		b = append(b, '{')
-		for i, k := range keys {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendJSONString(b, k)
-			b = append(b, ':')
-			b = appendJSONValue(b, t[k])
-		}
-		return append(b, '}')
+		return appendObject(b, t, appendJSONValue)
 	}
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return append(b, "null"...)
 	}
 	return append(b, raw...)
+}
+
+// appendArray appends xs as a JSON array, each element by elem.
+func appendArray[T any](b []byte, xs []T, elem func([]byte, T) []byte) []byte {
+	b = append(b, '[')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = elem(b, x)
+	}
+	return append(b, ']')
+}
+
+// appendObject appends m as a JSON object with its keys sorted, as
+// encoding/json does, each value by val.
+func appendObject[V any](b []byte, m map[string]V, val func([]byte, V) []byte) []byte {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, k)
+		b = append(b, ':')
+		b = val(b, m[k])
+	}
+	return append(b, '}')
 }
 
 const hexDigits = "0123456789abcdef"

@@ -1,8 +1,10 @@
 // Package driver is the contract between Nimbus's control plane and the
-// hypervisors that run its servers. The compute service's reconcile loop is
-// the only caller: it reads what a server should be from the store and asks
-// the driver to make it so. Implementations live in subpackages: fake (a
-// simulated fleet, the default) and qemu (real virtual machines).
+// hypervisors that run its servers. Compute drives it, chiefly from its
+// reconcile loop: it reads what a server should be from the store and asks
+// the driver to make it so. On the controller the driver is the fleet
+// (internal/fleet), which hands each call to the agent of the server's
+// host; the agent runs a host driver from the subpackages: fake (a
+// simulated fleet, the default) or qemu (real virtual machines).
 package driver
 
 import (

@@ -21,19 +21,8 @@ import (
 	"nimbus/internal/fleet"
 	"nimbus/internal/fleet/wire"
 	"nimbus/internal/store/storetest"
+	"nimbus/internal/testenv"
 )
-
-// eventually polls cond every 20 ms until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // clock is a settable clock for the fleet.
 type clock struct {
@@ -354,7 +343,7 @@ func TestHostDown(t *testing.T) {
 
 		// The agent comes back: the keyed op runs once, when asked again.
 		runAgent(t, c, drv, dir)
-		eventually(t, 10*time.Second, "host back up", up)
+		testenv.Eventually(t, 10*time.Second, "host back up", up)
 		if err := c.svc.Reboot(driver.WithOpKey(ctx, "s1/reboot/r1"), "s1", true); err != nil {
 			t.Fatal(err)
 		}
@@ -489,7 +478,7 @@ func TestRedelivery(t *testing.T) {
 		// A result for an op of another agent's host is dropped.
 		other, _, _ := c.svc.NewAgent(ctx, "a2")
 		go func() { done <- c.svc.PowerOff(ctx, "s1", false) }()
-		eventually(t, 5*time.Second, "power off op", func() bool {
+		testenv.Eventually(t, 5*time.Second, "power off op", func() bool {
 			ops, _ = c.svc.Poll(ctx, id, nil, 0)
 			return len(ops) == 1
 		})

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,15 +21,8 @@ import (
 	"nimbus/internal/fleet"
 	"nimbus/internal/fleet/wire"
 	"nimbus/internal/store"
+	"nimbus/internal/testenv"
 )
-
-// testLog discards, unless NIMBUS_TEST_LOG is set.
-func testLog() *slog.Logger {
-	if os.Getenv("NIMBUS_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
 
 // controller is a fleet service on its own database handle, serving the
 // agent API over HTTPS on loopback.
@@ -49,7 +41,7 @@ func newController(t testing.TB, dbURL string, cfg fleet.Config) *controller {
 		t.Fatal(err)
 	}
 	if cfg.Log == nil {
-		cfg.Log = testLog()
+		cfg.Log = testenv.Log()
 	}
 	svc := fleet.New(db, cfg)
 	srv := httptest.NewTLSServer(svc.Handler())
@@ -134,7 +126,7 @@ func runAgent(t testing.TB, c *controller, drv driver.Driver, dir string) (a *ag
 		}
 	}
 	a, err := agent.New(agent.Config{ControllerURL: c.srv.URL, CACertFile: c.ca, DataDir: dir, Driver: drv,
-		Heartbeat: 200 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Log: testLog()})
+		Heartbeat: 200 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Log: testenv.Log()})
 	if err != nil {
 		t.Fatal(err)
 	}

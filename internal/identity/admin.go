@@ -141,6 +141,31 @@ func conflict(kind, name, domainID string) error {
 	return api.Conflict("Conflict occurred attempting to store %s - Duplicate entry found with name %s.", kind, name)
 }
 
+// named is an entity whose name is unique within its domain (overall for
+// domains and roles, whose domain is "").
+type named interface {
+	nameKey() (name, domainID string)
+}
+
+func (d *Domain) nameKey() (string, string)  { return d.Name, "" }
+func (p *Project) nameKey() (string, string) { return p.Name, p.DomainID }
+func (u *User) nameKey() (string, string)    { return u.Name, u.DomainID }
+func (r *Role) nameKey() (string, string)    { return r.Name, "" }
+
+// saved answers the write of one entity of kind: a name already taken is
+// Keystone's 409, another error stands, else status with the entity's body.
+func saved[T named](r *http.Request, err error, status int, kind string, e T,
+	body func(*http.Request, T) map[string]any) (*api.Response, error) {
+	if errors.Is(err, store.ErrConflict) {
+		name, domainID := e.nameKey()
+		return nil, conflict(kind, name, domainID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(status, map[string]any{kind: body(r, e)}), nil
+}
+
 // queryBool reads a boolean query filter the way Keystone does: 0, false,
 // no, off and friends are false; anything else is true.
 func queryBool(v string) bool {
@@ -230,25 +255,15 @@ func (s *Service) createDomain(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	d := &Domain{ID: NewID(), Name: *req.Name, Enabled: true}
-	if req.Description != nil {
-		d.Description = *req.Description
-	}
-	if req.Enabled != nil {
-		d.Enabled = *req.Enabled
-	}
+	setIf(&d.Description, req.Description)
+	setIf(&d.Enabled, req.Enabled)
 	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
 		tx.AfterCommit(s.cache.invalidate)
 		_, err := tx.Exec(r.Context(), "INSERT INTO domains (id, name, description, enabled) VALUES (?, ?, ?, ?)",
 			d.ID, d.Name, d.Description, b2i(d.Enabled))
 		return err
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return nil, conflict("domain", d.Name, "")
-	}
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusCreated, map[string]any{"domain": domainBody(r, d)}), nil
+	return saved(r, err, http.StatusCreated, "domain", d, domainBody)
 }
 
 func (s *Service) updateDomain(r *http.Request) (*api.Response, error) {
@@ -275,15 +290,9 @@ func (s *Service) updateDomain(r *http.Request) (*api.Response, error) {
 		} else if err != nil {
 			return err
 		}
-		if req.Name != nil {
-			d.Name = *req.Name
-		}
-		if req.Description != nil {
-			d.Description = *req.Description
-		}
-		if req.Enabled != nil {
-			d.Enabled = *req.Enabled
-		}
+		setIf(&d.Name, req.Name)
+		setIf(&d.Description, req.Description)
+		setIf(&d.Enabled, req.Enabled)
 		if _, err := tx.Exec(r.Context(), "UPDATE domains SET name = ?, description = ?, enabled = ? WHERE id = ?",
 			d.Name, d.Description, b2i(d.Enabled), d.ID); err != nil {
 			return err
@@ -291,13 +300,7 @@ func (s *Service) updateDomain(r *http.Request) (*api.Response, error) {
 		tx.AfterCommit(s.cache.invalidate)
 		return nil
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return nil, conflict("domain", d.Name, "")
-	}
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusOK, map[string]any{"domain": domainBody(r, d)}), nil
+	return saved(r, err, http.StatusOK, "domain", d, domainBody)
 }
 
 // deleteDomain removes a disabled domain with its projects and users, as
@@ -315,7 +318,7 @@ func (s *Service) deleteDomain(r *http.Request) (*api.Response, error) {
 		if d.Enabled {
 			return api.Forbidden("Cannot delete a domain that is enabled, please disable it first.")
 		}
-		for _, q := range []string{
+		if err := execEach(ctx, tx, id,
 			"DELETE FROM tokens WHERE user_id IN (SELECT id FROM users WHERE domain_id = ?)",
 			"DELETE FROM tokens WHERE project_id IN (SELECT id FROM projects WHERE domain_id = ?)",
 			"DELETE FROM role_assignments WHERE user_id IN (SELECT id FROM users WHERE domain_id = ?)",
@@ -323,10 +326,8 @@ func (s *Service) deleteDomain(r *http.Request) (*api.Response, error) {
 			"DELETE FROM users WHERE domain_id = ?",
 			"DELETE FROM projects WHERE domain_id = ?",
 			"DELETE FROM domains WHERE id = ?",
-		} {
-			if _, err := tx.Exec(ctx, q, id); err != nil {
-				return err
-			}
+		); err != nil {
+			return err
 		}
 		tx.AfterCommit(s.cache.invalidate)
 		return nil

@@ -25,6 +25,7 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "GET /v3/auth/projects", Handler: s.authProjects},
 		{Pattern: "GET /v3/auth/domains", Handler: s.authDomains},
 	}
+	routes = append(routes, s.appCredRoutes()...)
 	return append(routes, s.adminRoutes()...)
 }
 
@@ -64,6 +65,7 @@ type authRequest struct {
 			Token *struct {
 				ID string `json:"id"`
 			} `json:"token"`
+			ApplicationCredential *appCredAuth `json:"application_credential"`
 		} `json:"identity"`
 		Scope json.RawMessage `json:"scope"`
 	} `json:"auth"`
@@ -100,6 +102,7 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 		auditID    string
 		expires    time.Time
 		inherit    string // project of the token being re-scoped
+		appCred    *AppCred
 		hasScope   = len(req.Auth.Scope) > 0 && string(req.Auth.Scope) != "null"
 	)
 	switch {
@@ -139,7 +142,16 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 		// A re-scoped token keeps the original's audit chain, expiry and
 		// methods (keystone/auth/core.py AuthInfo: method_names extend).
 		user, auditID, expires, inherit = old.User, old.AuditID, old.ExpiresAt, old.ProjectID
-		oldMethods = old.Methods
+		oldMethods, appCred = old.Methods, old.AppCred
+	case slices.Contains(id.Methods, "application_credential"):
+		if hasScope {
+			return nil, errAppCredScope()
+		}
+		var err error
+		if appCred, user, err = s.appCredLogin(r, id.ApplicationCredential); err != nil {
+			return nil, err
+		}
+		expires = appCred.ExpiresAt
 	default:
 		return nil, api.Unauthorized()
 	}
@@ -171,6 +183,13 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 			projectID = user.DefaultProjectID
 		}
 	}
+	if appCred != nil {
+		// A credential's tokens stay on its project, re-scoped or not.
+		if hasScope && projectID != appCred.ProjectID {
+			return nil, api.Unauthorized()
+		}
+		projectID = appCred.ProjectID
+	}
 	if projectID != "" {
 		p, err := GetProject(ctx, s.db, projectID)
 		if err != nil || !p.Enabled {
@@ -180,7 +199,8 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		if len(roles) == 0 {
+		if len(roles) == 0 || (appCred != nil && len(appCred.effectiveRoles(roles)) < len(appCred.Roles)) {
+			// Keystone refuses a credential whose user lost any of its roles.
 			return nil, api.Unauthorized()
 		}
 	}
@@ -193,11 +213,19 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 	if err := s.allowIssue(user.ID); err != nil {
 		return nil, err
 	}
-	t, err := s.issue(ctx, user.ID, projectID, methods, auditID, expires)
+	t := &Token{UserID: user.ID, ProjectID: projectID, Methods: methods, AuditID: auditID, ExpiresAt: expires}
+	if appCred != nil {
+		t.AppCredID = appCred.ID
+	}
+	t, err := s.issueToken(ctx, t)
 	if err != nil {
 		return nil, err
 	}
 	info, err := s.load(ctx, t.ID)
+	if errors.Is(err, errTokenNotFound) {
+		// Its project, roles or credential went away since the checks.
+		return nil, api.Unauthorized()
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -283,6 +311,9 @@ func (s *Service) tokenBody(t *tokenInfo, withCatalog bool) map[string]any {
 			roles = append(roles, map[string]string{"id": r.ID, "name": r.Name})
 		}
 		tok["roles"] = roles
+		if t.AppCred != nil {
+			tok["application_credential"] = appCredTokenBody(t.AppCred)
+		}
 		if withCatalog {
 			tok["catalog"] = s.catalogBody()
 		}

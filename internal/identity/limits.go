@@ -69,6 +69,7 @@ func (s *Service) SetLimits(l Limits) {
 	s.hashSlots = make(chan struct{}, n)
 	s.failures = newLRU[*failureLog](maxTracked)
 	s.buckets = newLRU[*bucket](maxTracked)
+	slotOwner.Store(s)
 }
 
 // PasswordHashes reports how many password hashes run now and the most that
@@ -134,9 +135,9 @@ func (s *Service) userTurn(ctx context.Context, userID string) (func(), error) {
 	}
 }
 
-// hashPassword is HashPassword under a hash slot.
+// hashPassword is hashArgon2id under a hash slot.
 func (s *Service) hashPassword(ctx context.Context, pw string) (hash string, err error) {
-	err = s.withHashSlot(ctx, func() error { hash = HashPassword(pw); return nil })
+	err = s.withHashSlot(ctx, func() error { hash = hashArgon2id(pw); return nil })
 	return hash, err
 }
 

@@ -3,11 +3,13 @@ package identity
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
+	"nimbus/internal/api"
 	"nimbus/internal/store"
 )
 
@@ -57,52 +59,115 @@ func b2i(b bool) int {
 	return 0
 }
 
-// --- domains
-
-func getDomain(ctx context.Context, q store.Querier, where string, arg any) (*Domain, error) {
-	var d Domain
-	var enabled int
-	err := q.QueryRow(ctx, "SELECT id, name, description, enabled FROM domains WHERE "+where, arg).
-		Scan(&d.ID, &d.Name, &d.Description, &enabled)
-	if err == sql.ErrNoRows {
-		return nil, store.ErrNotFound
+// setIf sets *dst to *v when a request gave v.
+func setIf[T any](dst *T, v *T) {
+	if v != nil {
+		*dst = *v
 	}
-	d.Enabled = enabled == 1
-	return &d, err
 }
 
-func listDomains(ctx context.Context, q store.Querier) ([]Domain, error) {
-	rows, err := q.Query(ctx, "SELECT id, name, description, enabled FROM domains ORDER BY name")
+// execEach runs each statement with arg, in order, in tx.
+func execEach(ctx context.Context, tx *store.Tx, arg any, statements ...string) error {
+	for _, q := range statements {
+		if _, err := tx.Exec(ctx, q, arg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// --- domains
+
+// scanner is a row: *sql.Row or *sql.Rows.
+type scanner interface{ Scan(...any) error }
+
+// found turns a missing row into store.ErrNotFound.
+func found(err error) error {
+	if err == sql.ErrNoRows {
+		return store.ErrNotFound
+	}
+	return err
+}
+
+// readAll reads every row of a query with scan; rows and err are the
+// query's results.
+func readAll[T any](rows *sql.Rows, err error, scan func(scanner) (*T, error)) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []Domain
+	out := []T{}
 	for rows.Next() {
-		var d Domain
-		var enabled int
-		if err := rows.Scan(&d.ID, &d.Name, &d.Description, &enabled); err != nil {
+		v, err := scan(rows)
+		if err != nil {
 			return nil, err
 		}
-		d.Enabled = enabled == 1
-		out = append(out, d)
+		out = append(out, *v)
 	}
 	return out, rows.Err()
+}
+
+// selectWhere is the SELECT of cols from table, filtered by where unless
+// it is empty.
+func selectWhere(cols, table, where string) string {
+	if where == "" {
+		return "SELECT " + cols + " FROM " + table
+	}
+	return "SELECT " + cols + " FROM " + table + " WHERE " + where
+}
+
+// --- domains
+
+const domainCols = "id, name, description, enabled"
+
+func scanDomain(s scanner) (*Domain, error) {
+	var d Domain
+	var enabled int
+	if err := s.Scan(&d.ID, &d.Name, &d.Description, &enabled); err != nil {
+		return nil, found(err)
+	}
+	d.Enabled = enabled == 1
+	return &d, nil
+}
+
+func getDomain(ctx context.Context, q store.Querier, where string, arg any) (*Domain, error) {
+	return scanDomain(q.QueryRow(ctx, selectWhere(domainCols, "domains", where), arg))
+}
+
+// needDomain refuses with missing (Keystone answers 400 or 404 by API) a
+// domain id that names no domain.
+func needDomain(ctx context.Context, q store.Querier, id string, missing func(string, ...any) *api.Error) error {
+	_, err := getDomain(ctx, q, "id = ?", id)
+	if errors.Is(err, store.ErrNotFound) {
+		return missing("Could not find domain: %s.", id)
+	}
+	return err
+}
+
+// callerDomain is the domain of the caller's token, where a project or
+// user it makes goes unless it names one.
+func callerDomain(ctx context.Context) string {
+	if d := api.CallerFrom(ctx).DomainID; d != "" {
+		return d
+	}
+	return DefaultDomainID
+}
+
+func listDomains(ctx context.Context, q store.Querier) ([]Domain, error) {
+	rows, err := q.Query(ctx, "SELECT "+domainCols+" FROM domains ORDER BY name")
+	return readAll(rows, err, scanDomain)
 }
 
 // --- projects
 
 const projectCols = "id, name, domain_id, description, enabled, tags, created_at"
 
-func scanProject(s interface{ Scan(...any) error }) (*Project, error) {
+func scanProject(s scanner) (*Project, error) {
 	var p Project
 	var enabled int
 	var tags, created string
 	if err := s.Scan(&p.ID, &p.Name, &p.DomainID, &p.Description, &enabled, &tags, &created); err != nil {
-		if err == sql.ErrNoRows {
-			return nil, store.ErrNotFound
-		}
-		return nil, err
+		return nil, found(err)
 	}
 	p.Enabled = enabled == 1
 	p.CreatedAt = store.ParseTime(created)
@@ -123,24 +188,8 @@ func getProjectByName(ctx context.Context, q store.Querier, domainID, name strin
 }
 
 func listProjects(ctx context.Context, q store.Querier, where string, args ...any) ([]Project, error) {
-	query := "SELECT " + projectCols + " FROM projects"
-	if where != "" {
-		query += " WHERE " + where
-	}
-	rows, err := q.Query(ctx, query+" ORDER BY name", args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []Project{}
-	for rows.Next() {
-		p, err := scanProject(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, *p)
-	}
-	return out, rows.Err()
+	rows, err := q.Query(ctx, selectWhere(projectCols, "projects", where)+" ORDER BY name", args...)
+	return readAll(rows, err, scanProject)
 }
 
 func insertProject(ctx context.Context, tx *store.Tx, p *Project) error {
@@ -162,16 +211,13 @@ func updateProject(ctx context.Context, tx *store.Tx, p *Project) error {
 
 const userCols = "id, name, domain_id, password_hash, enabled, email, description, default_project_id, created_at, extra"
 
-func scanUser(s interface{ Scan(...any) error }) (*User, error) {
+func scanUser(s scanner) (*User, error) {
 	var u User
 	var enabled int
 	var created, extra string
 	if err := s.Scan(&u.ID, &u.Name, &u.DomainID, &u.PasswordHash, &enabled, &u.Email, &u.Description,
 		&u.DefaultProjectID, &created, &extra); err != nil {
-		if err == sql.ErrNoRows {
-			return nil, store.ErrNotFound
-		}
-		return nil, err
+		return nil, found(err)
 	}
 	u.Enabled = enabled == 1
 	u.CreatedAt = store.ParseTime(created)
@@ -191,24 +237,8 @@ func getUserByName(ctx context.Context, q store.Querier, domainID, name string) 
 }
 
 func listUsers(ctx context.Context, q store.Querier, where string, args ...any) ([]User, error) {
-	query := "SELECT " + userCols + " FROM users"
-	if where != "" {
-		query += " WHERE " + where
-	}
-	rows, err := q.Query(ctx, query+" ORDER BY name", args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []User{}
-	for rows.Next() {
-		u, err := scanUser(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, *u)
-	}
-	return out, rows.Err()
+	rows, err := q.Query(ctx, selectWhere(userCols, "users", where)+" ORDER BY name", args...)
+	return readAll(rows, err, scanUser)
 }
 
 func insertUser(ctx context.Context, tx *store.Tx, u *User) error {
@@ -227,30 +257,21 @@ func updateUser(ctx context.Context, tx *store.Tx, u *User) error {
 
 // --- roles
 
-func getRole(ctx context.Context, q store.Querier, where string, arg any) (*Role, error) {
+func scanRole(s scanner) (*Role, error) {
 	var r Role
-	err := q.QueryRow(ctx, "SELECT id, name, description FROM roles WHERE "+where, arg).Scan(&r.ID, &r.Name, &r.Description)
-	if err == sql.ErrNoRows {
-		return nil, store.ErrNotFound
+	if err := s.Scan(&r.ID, &r.Name, &r.Description); err != nil {
+		return nil, found(err)
 	}
-	return &r, err
+	return &r, nil
+}
+
+func getRole(ctx context.Context, q store.Querier, where string, arg any) (*Role, error) {
+	return scanRole(q.QueryRow(ctx, selectWhere("id, name, description", "roles", where), arg))
 }
 
 func listRoles(ctx context.Context, q store.Querier) ([]Role, error) {
 	rows, err := q.Query(ctx, "SELECT id, name, description FROM roles ORDER BY name")
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []Role{}
-	for rows.Next() {
-		var r Role
-		if err := rows.Scan(&r.ID, &r.Name, &r.Description); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return readAll(rows, err, scanRole)
 }
 
 // Assignment is one role held by a user on a project.
@@ -259,43 +280,19 @@ type Assignment struct {
 }
 
 func listAssignments(ctx context.Context, q store.Querier, where string, args ...any) ([]Assignment, error) {
-	query := "SELECT user_id, project_id, role_id FROM role_assignments"
-	if where != "" {
-		query += " WHERE " + where
-	}
-	rows, err := q.Query(ctx, query+" ORDER BY user_id, project_id, role_id", args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []Assignment{}
-	for rows.Next() {
+	rows, err := q.Query(ctx, selectWhere("user_id, project_id, role_id", "role_assignments", where)+
+		" ORDER BY user_id, project_id, role_id", args...)
+	return readAll(rows, err, func(s scanner) (*Assignment, error) {
 		var a Assignment
-		if err := rows.Scan(&a.UserID, &a.ProjectID, &a.RoleID); err != nil {
-			return nil, err
-		}
-		out = append(out, a)
-	}
-	return out, rows.Err()
+		return &a, s.Scan(&a.UserID, &a.ProjectID, &a.RoleID)
+	})
 }
 
 // rolesOn returns the roles a user holds on a project.
 func rolesOn(ctx context.Context, q store.Querier, userID, projectID string) ([]Role, error) {
 	rows, err := q.Query(ctx, `SELECT r.id, r.name, r.description FROM role_assignments a
 		JOIN roles r ON r.id = a.role_id WHERE a.user_id = ? AND a.project_id = ? ORDER BY r.name`, userID, projectID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []Role{}
-	for rows.Next() {
-		var r Role
-		if err := rows.Scan(&r.ID, &r.Name, &r.Description); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return readAll(rows, err, scanRole)
 }
 
 func assignRole(ctx context.Context, tx *store.Tx, userID, projectID, roleID string) error {

@@ -1,11 +1,13 @@
 package identity
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/crypto/argon2"
 )
@@ -20,8 +22,29 @@ const (
 	argonKeyLen  = 32
 )
 
-// HashPassword returns an encoded argon2id hash of pw.
-func HashPassword(pw string) string {
+// HashPassword returns an encoded argon2id hash of pw, as identity stores
+// user passwords, for callers that hash before calling in (the panel's
+// registration). It waits for one of the hash slots of the identity service
+// configured last (the process's only one under nimbus serve), so hashes
+// from outside identity count against the same memory ceiling; a password
+// longer than Keystone's max_password_length is refused.
+func HashPassword(pw string) (string, error) {
+	if err := checkPassword(&pw); err != nil {
+		return "", err
+	}
+	s := slotOwner.Load()
+	if s == nil {
+		return hashArgon2id(pw), nil
+	}
+	return s.hashPassword(context.Background(), pw)
+}
+
+// slotOwner is the service whose hash slots HashPassword waits for.
+var slotOwner atomic.Pointer[Service]
+
+// hashArgon2id returns an encoded argon2id hash of pw; callers bound how
+// many run at once.
+func hashArgon2id(pw string) string {
 	salt := make([]byte, 16)
 	rand.Read(salt)
 	key := argon2.IDKey([]byte(pw), salt, argonTime, argonMemory, argonThreads, argonKeyLen)

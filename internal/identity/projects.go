@@ -94,13 +94,8 @@ func (s *Service) createProject(r *http.Request) (*api.Response, error) {
 		return nil, api.BadRequest("Projects acting as domains are not supported.")
 	}
 	ctx := r.Context()
-	p := &Project{ID: NewID(), Name: *req.Name, DomainID: api.CallerFrom(ctx).DomainID, Enabled: true, CreatedAt: s.now()}
-	if p.DomainID == "" {
-		p.DomainID = DefaultDomainID
-	}
-	if req.DomainID != nil {
-		p.DomainID = *req.DomainID
-	}
+	p := &Project{ID: NewID(), Name: *req.Name, DomainID: callerDomain(ctx), Enabled: true, CreatedAt: s.now()}
+	setIf(&p.DomainID, req.DomainID)
 	if req.ParentID != nil && *req.ParentID != "" && *req.ParentID != p.DomainID {
 		// Nimbus projects are flat: the only parent is the domain itself.
 		if req.DomainID == nil {
@@ -113,20 +108,12 @@ func (s *Service) createProject(r *http.Request) (*api.Response, error) {
 			return nil, api.BadRequest("Nested projects are not supported; parent_id must be the domain.")
 		}
 	}
-	if req.Description != nil {
-		p.Description = *req.Description
-	}
-	if req.Enabled != nil {
-		p.Enabled = *req.Enabled
-	}
-	if req.Tags != nil {
-		p.Tags = *req.Tags
-	}
+	setIf(&p.Description, req.Description)
+	setIf(&p.Enabled, req.Enabled)
+	setIf(&p.Tags, req.Tags)
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
 		// keystone/api/projects.py turns DomainNotFound into a 400.
-		if _, err := getDomain(ctx, tx, "id = ?", p.DomainID); errors.Is(err, store.ErrNotFound) {
-			return api.BadRequest("Could not find domain: %s.", p.DomainID)
-		} else if err != nil {
+		if err := needDomain(ctx, tx, p.DomainID, api.BadRequest); err != nil {
 			return err
 		}
 		tx.AfterCommit(s.cache.invalidate)
@@ -135,13 +122,7 @@ func (s *Service) createProject(r *http.Request) (*api.Response, error) {
 		}
 		return s.projectHook.ProjectCreated(ctx, tx, p.ID)
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return nil, conflict("project", p.Name, p.DomainID)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusCreated, map[string]any{"project": projectBody(r, p)}), nil
+	return saved(r, err, http.StatusCreated, "project", p, projectBody)
 }
 
 func (s *Service) updateProject(r *http.Request) (*api.Response, error) {
@@ -169,18 +150,10 @@ func (s *Service) updateProject(r *http.Request) (*api.Response, error) {
 		if req.DomainID != nil && *req.DomainID != p.DomainID {
 			return api.BadRequest("Cannot change Domain ID")
 		}
-		if req.Name != nil {
-			p.Name = *req.Name
-		}
-		if req.Description != nil {
-			p.Description = *req.Description
-		}
-		if req.Enabled != nil {
-			p.Enabled = *req.Enabled
-		}
-		if req.Tags != nil {
-			p.Tags = *req.Tags
-		}
+		setIf(&p.Name, req.Name)
+		setIf(&p.Description, req.Description)
+		setIf(&p.Enabled, req.Enabled)
+		setIf(&p.Tags, req.Tags)
 		if err := updateProject(ctx, tx, p); err != nil {
 			return err
 		}
@@ -192,13 +165,7 @@ func (s *Service) updateProject(r *http.Request) (*api.Response, error) {
 		tx.AfterCommit(s.cache.invalidate)
 		return nil
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return nil, conflict("project", p.Name, p.DomainID)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusOK, map[string]any{"project": projectBody(r, p)}), nil
+	return saved(r, err, http.StatusOK, "project", p, projectBody)
 }
 
 // deleteProject removes a project with its role assignments and the tokens
@@ -210,14 +177,12 @@ func (s *Service) deleteProject(r *http.Request) (*api.Response, error) {
 		if _, err := s.findProject(r, tx, id); err != nil {
 			return err
 		}
-		for _, q := range []string{
+		if err := execEach(ctx, tx, id,
 			"DELETE FROM tokens WHERE project_id = ?",
 			"DELETE FROM role_assignments WHERE project_id = ?",
 			"DELETE FROM projects WHERE id = ?",
-		} {
-			if _, err := tx.Exec(ctx, q, id); err != nil {
-				return err
-			}
+		); err != nil {
+			return err
 		}
 		tx.AfterCommit(s.cache.invalidate)
 		return nil

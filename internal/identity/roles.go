@@ -75,22 +75,14 @@ func (s *Service) createRole(r *http.Request) (*api.Response, error) {
 		return nil, api.BadRequest("Domain-specific roles are not supported.")
 	}
 	role := &Role{ID: NewID(), Name: *req.Name}
-	if req.Description != nil {
-		role.Description = *req.Description
-	}
+	setIf(&role.Description, req.Description)
 	ctx := r.Context()
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
 		tx.AfterCommit(s.cache.invalidate)
 		_, err := tx.Exec(ctx, "INSERT INTO roles (id, name, description) VALUES (?, ?, ?)", role.ID, role.Name, role.Description)
 		return err
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return nil, conflict("role", role.Name, "")
-	}
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusCreated, map[string]any{"role": roleBody(r, role)}), nil
+	return saved(r, err, http.StatusCreated, "role", role, roleBody)
 }
 
 func (s *Service) updateRole(r *http.Request) (*api.Response, error) {
@@ -110,12 +102,8 @@ func (s *Service) updateRole(r *http.Request) (*api.Response, error) {
 		if role, err = findRole(ctx, tx, r.PathValue("id")); err != nil {
 			return err
 		}
-		if req.Name != nil {
-			role.Name = *req.Name
-		}
-		if req.Description != nil {
-			role.Description = *req.Description
-		}
+		setIf(&role.Name, req.Name)
+		setIf(&role.Description, req.Description)
 		if _, err := tx.Exec(ctx, "UPDATE roles SET name = ?, description = ? WHERE id = ?",
 			role.Name, role.Description, role.ID); err != nil {
 			return err
@@ -124,13 +112,7 @@ func (s *Service) updateRole(r *http.Request) (*api.Response, error) {
 		tx.AfterCommit(s.cache.invalidate)
 		return nil
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return nil, conflict("role", role.Name, "")
-	}
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusOK, map[string]any{"role": roleBody(r, role)}), nil
+	return saved(r, err, http.StatusOK, "role", role, roleBody)
 }
 
 func (s *Service) deleteRole(r *http.Request) (*api.Response, error) {

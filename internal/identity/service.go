@@ -44,20 +44,21 @@ type Service struct {
 	turnMu    sync.Mutex       // guards turns
 	turns     map[string]*turn // by user id: whose password check runs
 
-	projectHook ProjectHook // nil: nothing else to make with a project
+	projectHook ProjectHook // nil: nothing else to make with a project; see AddProjectHook
 }
 
 // ProjectHook makes what every project has besides itself (its private
-// network and default security group); identity does not know those
-// services, so the controller wires one in with SetProjectHook.
+// network and default security group, its billing account); identity does
+// not know those services, so the controller wires them in with
+// AddProjectHook.
 type ProjectHook interface {
 	// ProjectCreated runs in the transaction that inserts the project, so
 	// the project and its defaults are made together or not at all.
 	ProjectCreated(ctx context.Context, tx *store.Tx, projectID string) error
 }
 
-// SetProjectHook sets the hook each project create calls.
-func (s *Service) SetProjectHook(h ProjectHook) { s.projectHook = h }
+// SetProjectHook makes h the only hook each project create calls.
+func (s *Service) SetProjectHook(h ProjectHook) { s.projectHook = projectHooks{h} }
 
 // New makes the identity service on db, limiting only password hashes (see
 // SetLimits).
@@ -149,7 +150,7 @@ func (s *Service) Bootstrap(ctx context.Context, accounts ...Account) error {
 			u, err := getUserByName(ctx, tx, DefaultDomainID, a.User)
 			if errors.Is(err, store.ErrNotFound) {
 				u = &User{ID: NewID(), Name: a.User, DomainID: DefaultDomainID, Enabled: true,
-					PasswordHash: HashPassword(a.Password), DefaultProjectID: p.ID, CreatedAt: s.now()}
+					PasswordHash: hashArgon2id(a.Password), DefaultProjectID: p.ID, CreatedAt: s.now()}
 				if err := insertUser(ctx, tx, u); err != nil {
 					return err
 				}
@@ -181,6 +182,19 @@ func (s *Service) Bootstrap(ctx context.Context, accounts ...Account) error {
 // services' bootstrap (default networks, demo resources).
 func (s *Service) ProjectByName(ctx context.Context, name string) (*Project, error) {
 	return getProjectByName(ctx, s.db, DefaultDomainID, name)
+}
+
+// ProjectID is the id of a project of the default domain, "" when there is
+// none: what other services ask of identity instead of reading its tables.
+func (s *Service) ProjectID(ctx context.Context, name string) (string, error) {
+	p, err := s.ProjectByName(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return p.ID, nil
 }
 
 // Projects lists every project.

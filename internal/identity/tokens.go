@@ -27,6 +27,7 @@ type Token struct {
 	AuditID   string
 	IssuedAt  time.Time
 	ExpiresAt time.Time
+	AppCredID string // the application credential it was issued for, if any
 }
 
 // tokenInfo is a token with the records it names, enough to render its body.
@@ -37,6 +38,7 @@ type tokenInfo struct {
 	Project *Project
 	PDomain *Domain
 	Roles   []Role
+	AppCred *AppCred // nil unless issued for an application credential
 }
 
 // cacheTTL bounds how long a validated token is trusted without a database
@@ -99,22 +101,26 @@ func newSecret() string {
 
 // issue stores a new token for user scoped to projectID ("" for unscoped).
 func (s *Service) issue(ctx context.Context, userID, projectID string, methods []string, auditID string, expires time.Time) (*Token, error) {
+	return s.issueToken(ctx, &Token{UserID: userID, ProjectID: projectID, Methods: methods, AuditID: auditID, ExpiresAt: expires})
+}
+
+// issueToken stores t with a new secret, issued now and expiring within
+// TokenTTL (sooner if t.ExpiresAt says so); t.AuditID "" starts a chain.
+func (s *Service) issueToken(ctx context.Context, t *Token) (*Token, error) {
 	now := s.now()
-	if expires.IsZero() || expires.After(now.Add(s.TokenTTL)) {
-		expires = now.Add(s.TokenTTL)
+	if t.ExpiresAt.IsZero() || t.ExpiresAt.After(now.Add(s.TokenTTL)) {
+		t.ExpiresAt = now.Add(s.TokenTTL)
 	}
-	if auditID == "" {
-		auditID = newSecret()[:22]
+	if t.AuditID == "" {
+		t.AuditID = newSecret()[:22]
 	}
-	t := &Token{
-		ID: newSecret(), UserID: userID, ProjectID: projectID, Methods: methods,
-		AuditID: auditID, IssuedAt: now, ExpiresAt: expires,
-	}
+	t.ID, t.IssuedAt = newSecret(), now
 	t.Hash = hashToken(t.ID)
+	userID := t.UserID
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO tokens (id_hash, user_id, project_id, methods, audit_id, issued_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, t.Hash, t.UserID, t.ProjectID, strings.Join(methods, ","), t.AuditID,
-			store.FormatTime(t.IssuedAt), store.FormatTime(t.ExpiresAt))
+		_, err := tx.Exec(ctx, `INSERT INTO tokens (id_hash, user_id, project_id, methods, audit_id, issued_at, expires_at, app_cred_id)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, t.Hash, t.UserID, t.ProjectID, strings.Join(t.Methods, ","), t.AuditID,
+			store.FormatTime(t.IssuedAt), store.FormatTime(t.ExpiresAt), t.AppCredID)
 		if err != nil {
 			return err
 		}
@@ -168,8 +174,8 @@ func (s *Service) load(ctx context.Context, id string) (*tokenInfo, error) {
 	var t tokenInfo
 	var methods, issued, expires string
 	t.Hash = hashToken(id)
-	err := s.db.QueryRow(ctx, `SELECT user_id, project_id, methods, audit_id, issued_at, expires_at
-		FROM tokens WHERE id_hash = ?`, t.Hash).Scan(&t.UserID, &t.ProjectID, &methods, &t.AuditID, &issued, &expires)
+	err := s.db.QueryRow(ctx, `SELECT user_id, project_id, methods, audit_id, issued_at, expires_at, app_cred_id
+		FROM tokens WHERE id_hash = ?`, t.Hash).Scan(&t.UserID, &t.ProjectID, &methods, &t.AuditID, &issued, &expires, &t.AppCredID)
 	if err == sql.ErrNoRows {
 		return nil, errTokenNotFound
 	}
@@ -197,6 +203,9 @@ func (s *Service) load(ctx context.Context, id string) (*tokenInfo, error) {
 			return nil, errTokenNotFound
 		}
 		if t.Roles, err = rolesOn(ctx, s.db, t.UserID, t.ProjectID); err != nil {
+			return nil, err
+		}
+		if err := s.loadAppCred(ctx, &t); err != nil {
 			return nil, err
 		}
 		// A project-scoped token whose roles are all gone is no longer valid.

@@ -138,25 +138,12 @@ func (s *Service) createUser(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	ctx := r.Context()
-	u := &User{ID: NewID(), Name: *req.Name, DomainID: api.CallerFrom(ctx).DomainID, Enabled: true, CreatedAt: s.now()}
-	if u.DomainID == "" {
-		u.DomainID = DefaultDomainID
-	}
-	if req.DomainID != nil {
-		u.DomainID = *req.DomainID
-	}
-	if req.Enabled != nil {
-		u.Enabled = *req.Enabled
-	}
-	if req.Email != nil {
-		u.Email = *req.Email
-	}
-	if req.Description != nil {
-		u.Description = *req.Description
-	}
-	if req.DefaultProjectID != nil {
-		u.DefaultProjectID = *req.DefaultProjectID
-	}
+	u := &User{ID: NewID(), Name: *req.Name, DomainID: callerDomain(ctx), Enabled: true, CreatedAt: s.now()}
+	setIf(&u.DomainID, req.DomainID)
+	setIf(&u.Enabled, req.Enabled)
+	setIf(&u.Email, req.Email)
+	setIf(&u.Description, req.Description)
+	setIf(&u.DefaultProjectID, req.DefaultProjectID)
 	u.Extra = req.Extra
 	// Hash outside the transaction: argon2id takes tens of milliseconds.
 	if req.Password != nil {
@@ -166,21 +153,13 @@ func (s *Service) createUser(r *http.Request) (*api.Response, error) {
 		}
 	}
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		if _, err := getDomain(ctx, tx, "id = ?", u.DomainID); errors.Is(err, store.ErrNotFound) {
-			return api.NotFound("Could not find domain: %s.", u.DomainID)
-		} else if err != nil {
+		if err := needDomain(ctx, tx, u.DomainID, api.NotFound); err != nil {
 			return err
 		}
 		tx.AfterCommit(s.cache.invalidate)
 		return insertUser(ctx, tx, u)
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return nil, conflict("user", u.Name, u.DomainID)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusCreated, map[string]any{"user": userBody(r, u)}), nil
+	return saved(r, err, http.StatusCreated, "user", u, userBody)
 }
 
 // updateUser changes a user. Disabling it or setting its password revokes
@@ -216,21 +195,11 @@ func (s *Service) updateUser(r *http.Request) (*api.Response, error) {
 		if req.DomainID != nil && *req.DomainID != u.DomainID {
 			return api.BadRequest("Cannot change Domain ID")
 		}
-		if req.Name != nil {
-			u.Name = *req.Name
-		}
-		if req.Enabled != nil {
-			u.Enabled = *req.Enabled
-		}
-		if req.Email != nil {
-			u.Email = *req.Email
-		}
-		if req.Description != nil {
-			u.Description = *req.Description
-		}
-		if req.DefaultProjectID != nil {
-			u.DefaultProjectID = *req.DefaultProjectID
-		}
+		setIf(&u.Name, req.Name)
+		setIf(&u.Enabled, req.Enabled)
+		setIf(&u.Email, req.Email)
+		setIf(&u.Description, req.Description)
+		setIf(&u.DefaultProjectID, req.DefaultProjectID)
 		for k, v := range req.Extra {
 			if u.Extra == nil {
 				u.Extra = map[string]any{}
@@ -256,13 +225,7 @@ func (s *Service) updateUser(r *http.Request) (*api.Response, error) {
 		tx.AfterCommit(s.cache.invalidate)
 		return nil
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return nil, conflict("user", u.Name, u.DomainID)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return api.JSON(http.StatusOK, map[string]any{"user": userBody(r, u)}), nil
+	return saved(r, err, http.StatusOK, "user", u, userBody)
 }
 
 func (s *Service) deleteUser(r *http.Request) (*api.Response, error) {
@@ -272,14 +235,12 @@ func (s *Service) deleteUser(r *http.Request) (*api.Response, error) {
 		if _, err := findUser(ctx, tx, id); err != nil {
 			return err
 		}
-		for _, q := range []string{
+		if err := execEach(ctx, tx, id,
 			"DELETE FROM tokens WHERE user_id = ?",
 			"DELETE FROM role_assignments WHERE user_id = ?",
 			"DELETE FROM users WHERE id = ?",
-		} {
-			if _, err := tx.Exec(ctx, q, id); err != nil {
-				return err
-			}
+		); err != nil {
+			return err
 		}
 		tx.AfterCommit(s.cache.invalidate)
 		return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -62,17 +63,25 @@ func placeholder(name string) []byte {
 
 const bootstrapSetting = "catalog_bootstrapped"
 
+// operatorProject is the id of identity's "admin" project, which the
+// catalog belongs to; "" when there is none (or no identity).
+func (s *Service) operatorProject(ctx context.Context) (string, error) {
+	if s.projects == nil {
+		return "", nil
+	}
+	return s.projects.ProjectID(ctx, "admin")
+}
+
 // Bootstrap registers the base and marketplace images once per database as
 // public active images, and on every start makes sure the placeholder data
 // of those still registered is on disk (the data directory may be new while
 // the database is not).
 func (s *Service) Bootstrap(ctx context.Context) error {
-	owner := ""
-	// The catalog belongs to the operator's project when identity has one.
-	if err := s.db.QueryRow(ctx, "SELECT id FROM projects WHERE domain_id = 'default' AND name = 'admin'").Scan(&owner); err != nil {
-		owner = ""
+	owner, err := s.operatorProject(ctx)
+	if err != nil {
+		return err
 	}
-	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
 		var done string
 		err := tx.QueryRow(ctx, "SELECT value FROM image_settings WHERE name = ?", bootstrapSetting).Scan(&done)
 		if err == nil {
@@ -114,8 +123,8 @@ func (s *Service) Bootstrap(ctx context.Context) error {
 // no usage period: those stored before images were metered.
 func (s *Service) meterUnmetered(ctx context.Context) error {
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
-		rows, err := tx.Query(ctx, "SELECT "+imageCols+` FROM images WHERE checksum <> '' AND owner <> '' AND visibility <> ?
- AND NOT EXISTS (SELECT 1 FROM metering_periods m WHERE m.resource_id = images.id AND m.ended_at = '')`, Public)
+		rows, err := tx.Query(ctx, "SELECT "+imageCols+" FROM images WHERE checksum <> '' AND owner <> '' AND visibility <> ? AND "+
+			metering.Unmetered("images.id", true), Public)
 		if err != nil {
 			return err
 		}

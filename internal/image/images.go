@@ -760,50 +760,17 @@ func parseSort(q url.Values) (sortSpec, error) {
 	return sp, nil
 }
 
-func compareKey(a, b *Image, key string) int {
-	switch key {
-	case "name":
-		return strings.Compare(a.Name, b.Name)
-	case "status":
-		return strings.Compare(a.Status, b.Status)
-	case "container_format":
-		return strings.Compare(a.ContainerFormat, b.ContainerFormat)
-	case "disk_format":
-		return strings.Compare(a.DiskFormat, b.DiskFormat)
-	case "size":
-		return cmpInt(a.Size, b.Size)
-	case "created_at":
-		return a.CreatedAt.Compare(b.CreatedAt)
-	case "updated_at":
-		return a.UpdatedAt.Compare(b.UpdatedAt)
-	}
-	return strings.Compare(a.ID, b.ID)
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func (sp sortSpec) compare(a, b *Image) int {
+// keyset is the SQL order of the sort; the keys are column names.
+func (sp sortSpec) keyset() api.Keyset {
+	ks := make(api.Keyset, len(sp.keys))
 	for i, k := range sp.keys {
-		c := compareKey(a, b, k)
-		if sp.dirs[i] == "desc" {
-			c = -c
-		}
-		if c != 0 {
-			return c
-		}
+		ks[i] = api.SortKey{Col: k, Desc: sp.dirs[i] == "desc"}
 	}
-	return 0
+	return ks
 }
 
-// filter is one parsed query filter.
+// filter is a query filter SQL cannot apply: tags and custom properties
+// live in JSON columns.
 type filter func(img *Image) bool
 
 func boolParam(q url.Values, name, def string) (*bool, error) {
@@ -822,58 +789,183 @@ func boolParam(q url.Values, name, def string) (*bool, error) {
 	return &b, nil
 }
 
-// inOrEqual handles Glance's "in:a,b" operator on id and name.
-func inOrEqual(v string) func(string) bool {
-	if rest, ok := strings.CutPrefix(v, "in:"); ok {
-		set := strings.Split(rest, ",")
-		return func(s string) bool { return slices.Contains(set, s) }
-	}
-	return func(s string) bool { return s == v }
+// imageQuery is an image list being read: its SQL page and the filters
+// applied to the rows it reads.
+type imageQuery struct {
+	page api.Page
+	post []filter
 }
 
-// timeFilter handles created_at/updated_at filters "op:timestamp".
-func timeFilter(name, v string, get func(*Image) time.Time) (filter, error) {
+func (iq *imageQuery) matches(img *Image) bool {
+	for _, f := range iq.post {
+		if !f(img) {
+			return false
+		}
+	}
+	return true
+}
+
+// limitRule is Glance's limit: 25 unless asked, at most 1000.
+var limitRule = api.IntRule{
+	Default: defaultLimit, Min: 0, Max: maxLimit,
+	NotInt:   func(string) error { return api.BadRequest("limit param must be an integer") },
+	TooSmall: func(string) error { return api.BadRequest("limit param must be positive") },
+}
+
+// specialParams are the list parameters that are not plain attribute
+// filters.
+var specialParams = []string{"limit", "marker", "member_status", "visibility", "sort", "sort_key", "sort_dir",
+	"os_hidden", "protected", "tag", "size_min", "size_max"}
+
+// flagFilters reads os_hidden (false unless asked), protected, tag,
+// size_min and size_max.
+func flagFilters(iq *imageQuery, q url.Values) error {
+	for _, f := range []struct{ param, col, def string }{{"os_hidden", "os_hidden", "false"}, {"protected", "protected", ""}} {
+		b, err := boolParam(q, f.param, f.def)
+		if err != nil {
+			return err
+		}
+		if b != nil {
+			iq.page.Add(f.col+" = ?", b2i(*b))
+		}
+	}
+	if tags := q["tag"]; len(tags) > 0 {
+		iq.post = append(iq.post, func(img *Image) bool {
+			for _, t := range tags {
+				if !slices.Contains(img.Tags, strings.TrimSpace(t)) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	for _, f := range []struct{ param, op string }{{"size_min", ">="}, {"size_max", "<="}} {
+		if !q.Has(f.param) {
+			continue
+		}
+		n, err := strconv.ParseInt(q.Get(f.param), 10, 64)
+		if err != nil {
+			return api.BadRequest("Unable to filter on a range with a non-numeric value.")
+		}
+		// An image without data has no size to compare.
+		iq.page.Add("checksum <> '' AND size "+f.op+" ?", n)
+	}
+	return nil
+}
+
+// attributeFilters reads the other parameters: Glance's attribute filters,
+// and any other name filters on a custom property.
+func attributeFilters(iq *imageQuery, q url.Values) error {
+	for key, vals := range q {
+		if slices.Contains(specialParams, key) || len(vals) == 0 {
+			continue
+		}
+		if err := attributeFilter(iq, key, vals[0]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func attributeFilter(iq *imageQuery, key, v string) error {
+	switch key {
+	case "id", "name", "checksum":
+		inOrEqual(iq, key, v)
+	case "status", "owner", "disk_format", "container_format", "os_hash_value":
+		iq.page.Add(key+" = ?", v)
+	case "min_disk", "min_ram", "size", "virtual_size":
+		return numberFilter(iq, key, v)
+	case "created_at", "updated_at":
+		return timeFilter(iq, key, v)
+	default:
+		iq.post = append(iq.post, func(img *Image) bool { p, ok := img.Properties[key]; return ok && p == v })
+	}
+	return nil
+}
+
+// inOrEqual handles Glance's "in:a,b" operator on id, name and checksum.
+func inOrEqual(iq *imageQuery, col, v string) {
+	if rest, ok := strings.CutPrefix(v, "in:"); ok {
+		in, args := api.InList(strings.Split(rest, ","))
+		iq.page.Add(col+" "+in, args...)
+		return
+	}
+	iq.page.Add(col+" = ?", v)
+}
+
+// numberFilter is an exact integer attribute; size only counts with data.
+// min_disk and min_ram are 32-bit columns: no image has a larger value.
+func numberFilter(iq *imageQuery, key, v string) error {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return api.BadRequest("Invalid value '%s' for '%s' filter.", v, key)
+	}
+	switch {
+	case key == "size":
+		iq.page.Add("checksum <> '' AND size = ?", n)
+	case (key == "min_disk" || key == "min_ram") && n != int64(int32(n)):
+		iq.page.Add("1 = 0")
+	default:
+		iq.page.Add(key+" = ?", n)
+	}
+	return nil
+}
+
+// timeOps are the operators of Glance's time filters, "op:timestamp".
+var timeOps = map[string]string{"gt": ">", "gte": ">=", "lt": "<", "lte": "<=", "eq": "=", "neq": "<>"}
+
+// timeFilter handles created_at/updated_at filters "op:timestamp", which
+// compare to the second: the stored text's first 19 characters.
+func timeFilter(iq *imageQuery, col, v string) error {
 	op, val, ok := strings.Cut(v, ":")
-	if !ok || !slices.Contains([]string{"gt", "gte", "lt", "lte", "eq", "neq"}, op) {
+	if _, known := timeOps[op]; !ok || !known {
 		op, val = "eq", v
 	}
 	t, err := time.Parse(time.RFC3339, val)
 	if err != nil {
 		if t, err = time.Parse("2006-01-02T15:04:05", val); err != nil {
-			return nil, api.BadRequest("Invalid filter value %s. The date and time is not in the ISO 8601 format.", v)
+			return api.BadRequest("Invalid filter value %s. The date and time is not in the ISO 8601 format.", v)
 		}
 	}
-	return func(img *Image) bool {
-		c := get(img).Truncate(time.Second).Compare(t.Truncate(time.Second))
-		switch op {
-		case "gt":
-			return c > 0
-		case "gte":
-			return c >= 0
-		case "lt":
-			return c < 0
-		case "lte":
-			return c <= 0
-		case "neq":
-			return c != 0
+	iq.page.Add("substr("+col+", 1, 19) "+timeOps[op]+" ?", store.FormatTime(t)[:19])
+	return nil
+}
+
+// visibilityScope narrows a list to the images the caller may list under a
+// visibility filter (glance/db/sqlalchemy/api.py _select_images_query and
+// _make_conditions_from_filters): admins see every image; others see public
+// and community images, their own, and shared images they are a member of
+// in memberStatus. Without a visibility filter, other projects' community
+// images are left out.
+func visibilityScope(iq *imageQuery, c *api.Caller, visibility, memberStatus string) {
+	project := c.ProjectID
+	if project == "" {
+		project = "\x00" // an unscoped caller owns nothing, not the owner-less images
+	}
+	if !c.IsAdmin() {
+		memberCond, args := "member = ?", []any{project, project}
+		if memberStatus != "all" {
+			memberCond += " AND status = ?"
+			args = append(args, memberStatus)
 		}
-		return c == 0
-	}, nil
+		iq.page.Add(`(visibility IN ('public', 'community') OR owner = ? OR
+			(visibility = 'shared' AND id IN (SELECT image_id FROM image_members WHERE `+memberCond+`)))`, args...)
+	}
+	switch visibility {
+	case "all":
+	case "":
+		iq.page.Add("(visibility <> 'community' OR owner = ?)", project)
+	default:
+		iq.page.Add("visibility = ?", visibility)
+	}
 }
 
 func (s *Service) listImages(r *http.Request) (*api.Response, error) {
 	c := api.CallerFrom(r.Context())
 	q := r.URL.Query()
-	limit := defaultLimit
-	if q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil {
-			return nil, api.BadRequest("limit param must be an integer")
-		}
-		if n < 0 {
-			return nil, api.BadRequest("limit param must be positive")
-		}
-		limit = min(n, maxLimit)
+	limit, err := limitRule.Parse(q.Get("limit"), q.Has("limit"))
+	if err != nil {
+		return nil, err
 	}
 	memberStatus := "accepted"
 	if q.Has("member_status") {
@@ -893,216 +985,92 @@ func (s *Service) listImages(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	hidden, err := boolParam(q, "os_hidden", "false")
+	iq := &imageQuery{}
+	if err := flagFilters(iq, q); err != nil {
+		return nil, err
+	}
+	if err := attributeFilters(iq, q); err != nil {
+		return nil, err
+	}
+	visibilityScope(iq, c, visibility, memberStatus)
+	iq.page.Keys = sp.keyset()
+	if err := s.afterMarker(r.Context(), c, iq, q); err != nil {
+		return nil, err
+	}
+	page, err := s.scanImages(r.Context(), iq, limit)
 	if err != nil {
 		return nil, err
 	}
-	protected, err := boolParam(q, "protected", "")
-	if err != nil {
-		return nil, err
-	}
-
-	var filters []filter
-	if hidden != nil {
-		h := *hidden
-		filters = append(filters, func(img *Image) bool { return img.OSHidden == h })
-	}
-	if protected != nil {
-		p := *protected
-		filters = append(filters, func(img *Image) bool { return img.Protected == p })
-	}
-	if tags := q["tag"]; len(tags) > 0 {
-		filters = append(filters, func(img *Image) bool {
-			for _, t := range tags {
-				if !slices.Contains(img.Tags, strings.TrimSpace(t)) {
-					return false
-				}
-			}
-			return true
-		})
-	}
-	for _, name := range []string{"size_min", "size_max"} {
-		if !q.Has(name) {
-			continue
-		}
-		n, err := strconv.ParseInt(q.Get(name), 10, 64)
-		if err != nil {
-			return nil, api.BadRequest("Unable to filter on a range with a non-numeric value.")
-		}
-		isMin := name == "size_min"
-		filters = append(filters, func(img *Image) bool {
-			if !img.HasData() {
-				return false
-			}
-			if isMin {
-				return img.Size >= n
-			}
-			return img.Size <= n
-		})
-	}
-	special := []string{"limit", "marker", "member_status", "visibility", "sort", "sort_key", "sort_dir",
-		"os_hidden", "protected", "tag", "size_min", "size_max"}
-	for key, vals := range q {
-		if slices.Contains(special, key) || len(vals) == 0 {
-			continue
-		}
-		v := vals[0]
-		var f filter
-		switch key {
-		case "id":
-			m := inOrEqual(v)
-			f = func(img *Image) bool { return m(img.ID) }
-		case "name":
-			m := inOrEqual(v)
-			f = func(img *Image) bool { return m(img.Name) }
-		case "status":
-			f = func(img *Image) bool { return img.Status == v }
-		case "owner":
-			f = func(img *Image) bool { return img.Owner == v }
-		case "disk_format":
-			f = func(img *Image) bool { return img.DiskFormat == v }
-		case "container_format":
-			f = func(img *Image) bool { return img.ContainerFormat == v }
-		case "checksum":
-			m := inOrEqual(v)
-			f = func(img *Image) bool { return m(img.Checksum) }
-		case "os_hash_value":
-			f = func(img *Image) bool { return img.OSHashValue == v }
-		case "min_disk", "min_ram", "size", "virtual_size":
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return nil, api.BadRequest("Invalid value '%s' for '%s' filter.", v, key)
-			}
-			k := key
-			f = func(img *Image) bool {
-				switch k {
-				case "min_disk":
-					return int64(img.MinDisk) == n
-				case "min_ram":
-					return int64(img.MinRAM) == n
-				case "size":
-					return img.HasData() && img.Size == n
-				}
-				return img.VirtualSize == n
-			}
-		case "created_at":
-			if f, err = timeFilter(key, v, func(img *Image) time.Time { return img.CreatedAt }); err != nil {
-				return nil, err
-			}
-		case "updated_at":
-			if f, err = timeFilter(key, v, func(img *Image) time.Time { return img.UpdatedAt }); err != nil {
-				return nil, err
-			}
-		default:
-			// Anything else filters on a custom property, as Glance does.
-			k := key
-			f = func(img *Image) bool { p, ok := img.Properties[k]; return ok && p == v }
-		}
-		filters = append(filters, f)
-	}
-
-	ctx := r.Context()
-	candidates, err := s.candidates(ctx, c, visibility, memberStatus)
-	if err != nil {
-		return nil, err
-	}
-	var marker *Image
-	if q.Has("marker") {
-		marker, err = s.visibleImage(ctx, s.db, c.ProjectID, c.IsAdmin(), q.Get("marker"))
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, api.BadRequest("Marker %s could not be found.", q.Get("marker"))
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	var matched []*Image
-next:
-	for _, img := range candidates {
-		for _, f := range filters {
-			if !f(img) {
-				continue next
-			}
-		}
-		if marker != nil && sp.compare(img, marker) <= 0 {
-			continue
-		}
-		matched = append(matched, img)
-	}
-	sort.SliceStable(matched, func(i, j int) bool { return sp.compare(matched[i], matched[j]) < 0 })
-	page := matched
-	if len(page) > limit {
-		page = page[:limit]
-	}
-	out := make([]map[string]any, 0, len(page))
-	for _, img := range page {
-		out = append(out, view(img))
-	}
-	params := url.Values{}
-	for k, v := range q {
-		if k != "marker" {
-			params[k] = v
-		}
-	}
-	body := map[string]any{"images": out, "first": "/v2/images", "schema": "/v2/schemas/images"}
-	if len(params) > 0 {
-		body["first"] = "/v2/images?" + params.Encode()
-	}
-	if len(page) > 0 && len(page) == limit {
-		params.Set("marker", page[len(page)-1].ID)
-		body["next"] = "/v2/images?" + params.Encode()
-	}
-	return api.JSON(http.StatusOK, body), nil
+	return imagesPage(q, page, limit), nil
 }
 
-// candidates loads the images the caller may list under a visibility
-// filter (glance/db/sqlalchemy/api.py _select_images_query and
-// _make_conditions_from_filters): admins see every image; others see public
-// and community images, their own, and shared images they are a member of
-// in memberStatus. Without a visibility filter, other projects' community
-// images are left out.
-func (s *Service) candidates(ctx context.Context, c *api.Caller, visibility, memberStatus string) ([]*Image, error) {
-	project := c.ProjectID
-	if project == "" {
-		project = "\x00" // an unscoped caller owns nothing, not the owner-less images
+// afterMarker narrows the list to the images after the marker, which must
+// be one the caller sees (not necessarily one the filters keep).
+func (s *Service) afterMarker(ctx context.Context, c *api.Caller, iq *imageQuery, q url.Values) error {
+	if !q.Has("marker") {
+		return nil
 	}
-	where := []string{}
-	var args []any
-	if !c.IsAdmin() {
-		memberCond := "member = ?"
-		args = append(args, project, project)
-		if memberStatus != "all" {
-			memberCond += " AND status = ?"
-			args = append(args, memberStatus)
+	marker := q.Get("marker")
+	_, err := s.visibleImage(ctx, s.db, c.ProjectID, c.IsAdmin(), marker)
+	if err == nil {
+		var vals []any
+		if vals, err = iq.page.Keys.MarkerValues(ctx, s.db, "images", "id = ?", marker); err == nil {
+			iq.page.AfterMarker(vals)
+			return nil
 		}
-		where = append(where, `(visibility IN ('public', 'community') OR owner = ? OR
-			(visibility = 'shared' AND id IN (SELECT image_id FROM image_members WHERE `+memberCond+`)))`)
 	}
-	switch visibility {
-	case "all":
-	case "":
-		where = append(where, "(visibility <> 'community' OR owner = ?)")
-		args = append(args, project)
-	default:
-		where = append(where, "visibility = ?")
-		args = append(args, visibility)
+	if errors.Is(err, store.ErrNotFound) {
+		return api.BadRequest("Marker %s could not be found.", marker)
 	}
-	qs := "SELECT " + imageCols + " FROM images"
-	if len(where) > 0 {
-		qs += " WHERE " + strings.Join(where, " AND ")
+	return err
+}
+
+// scanImages reads at most limit images of the page that pass the filters
+// SQL cannot apply; without such filters SQL stops at the limit.
+func (s *Service) scanImages(ctx context.Context, iq *imageQuery, limit int) ([]*Image, error) {
+	iq.page.Limit = limit
+	if len(iq.post) > 0 {
+		iq.page.Limit = -1
 	}
-	rows, err := s.db.Query(ctx, qs, args...)
+	rows, err := s.db.Query(ctx, "SELECT "+imageCols+" FROM images "+iq.page.SQL(), iq.page.Args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var out []*Image
-	for rows.Next() {
+	for (limit < 0 || len(out) < limit) && rows.Next() {
 		img, err := scanImage(rows)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, img)
+		if iq.matches(img) {
+			out = append(out, img)
+		}
 	}
 	return out, rows.Err()
+}
+
+// imagesPage is the list's answer, with Glance's first and next links (the
+// next one when the page is full).
+func imagesPage(q url.Values, page []*Image, limit int) *api.Response {
+	out := make([]map[string]any, 0, len(page))
+	for _, img := range page {
+		out = append(out, view(img))
+	}
+	body := map[string]any{"images": out, "first": "/v2/images", "schema": "/v2/schemas/images"}
+	if first := api.NextQuery(q, nil, "marker"); first != "" {
+		body["first"] = "/v2/images?" + first
+	}
+	if len(page) > 0 && len(page) == limit {
+		body["next"] = "/v2/images?" + api.NextQuery(q, map[string]string{"marker": page[len(page)-1].ID})
+	}
+	return api.JSON(http.StatusOK, body)
+}
+
+// candidates loads the images the caller may list under a visibility
+// filter (see visibilityScope).
+func (s *Service) candidates(ctx context.Context, c *api.Caller, visibility, memberStatus string) ([]*Image, error) {
+	iq := &imageQuery{page: api.Page{Keys: api.Keyset{{Col: "id"}}}}
+	visibilityScope(iq, c, visibility, memberStatus)
+	return s.scanImages(ctx, iq, -1)
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"nimbus/internal/api"
+	"nimbus/internal/quota"
 	"nimbus/internal/store"
 )
 
@@ -43,26 +44,7 @@ const shelvedProperty = "nimbus_shelved"
 
 // quotaOf is a project's limits: the defaults under what an admin set.
 func quotaOf(ctx context.Context, q store.Querier, project string) (map[string]int64, error) {
-	out := make(map[string]int64, len(quotaDefaults))
-	for k, v := range quotaDefaults {
-		out[k] = v
-	}
-	rows, err := q.Query(ctx, "SELECT resource, hard_limit FROM image_quotas WHERE project_id = ?", project)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var k string
-		var n int64
-		if err := rows.Scan(&k, &n); err != nil {
-			return nil, err
-		}
-		if _, ok := out[k]; ok {
-			out[k] = n
-		}
-	}
-	return out, rows.Err()
+	return quota.Limits(ctx, q, "image_quotas", project, quotaDefaults)
 }
 
 // imageUsage is what a project's images take.
@@ -81,12 +63,9 @@ func usageOf(ctx context.Context, q store.Querier, project, except string) (imag
 	return u, err
 }
 
-// lockQuota bumps project's lock row, so that on PostgreSQL concurrent
-// checks of one project's quota count one after another.
+// lockQuota serialises project's quota checks (quota.Lock).
 func lockQuota(ctx context.Context, tx *store.Tx, project string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO image_quota_locks (project_id, serial) VALUES (?, 1)
-		ON CONFLICT (project_id) DO UPDATE SET serial = image_quota_locks.serial + 1`, project)
-	return err
+	return quota.Lock(ctx, tx, "image_quota_locks", project)
 }
 
 // overLimit is Glance's LimitExceeded (glance/common/exception.py) with
@@ -101,20 +80,27 @@ func overLimit(project, resource string, limit, usage, delta int64) error {
 // to count against, or it keeps a shelved server's disk.
 func exempt(img *Image) bool { return img.Owner == "" || img.Properties[shelvedProperty] == "true" }
 
+// lockedUsage takes project's quota lock in tx, then reads its limits and
+// usage (stored bytes leaving out image except).
+func lockedUsage(ctx context.Context, tx *store.Tx, project, except string) (map[string]int64, imageUsage, error) {
+	if err := lockQuota(ctx, tx, project); err != nil {
+		return nil, imageUsage{}, err
+	}
+	lim, err := quotaOf(ctx, tx, project)
+	if err != nil {
+		return nil, imageUsage{}, err
+	}
+	u, err := usageOf(ctx, tx, project, except)
+	return lim, u, err
+}
+
 // checkCount refuses, in tx, one more image for img's owner beyond
 // image_count_total.
 func checkCount(ctx context.Context, tx *store.Tx, img *Image) error {
 	if exempt(img) {
 		return nil
 	}
-	if err := lockQuota(ctx, tx, img.Owner); err != nil {
-		return err
-	}
-	lim, err := quotaOf(ctx, tx, img.Owner)
-	if err != nil {
-		return err
-	}
-	u, err := usageOf(ctx, tx, img.Owner, "")
+	lim, u, err := lockedUsage(ctx, tx, img.Owner, "")
 	if err != nil {
 		return err
 	}
@@ -131,14 +117,7 @@ func checkUpload(ctx context.Context, tx *store.Tx, img *Image) error {
 	if exempt(img) {
 		return nil
 	}
-	if err := lockQuota(ctx, tx, img.Owner); err != nil {
-		return err
-	}
-	lim, err := quotaOf(ctx, tx, img.Owner)
-	if err != nil {
-		return err
-	}
-	u, err := usageOf(ctx, tx, img.Owner, img.ID)
+	lim, u, err := lockedUsage(ctx, tx, img.Owner, img.ID)
 	if err != nil {
 		return err
 	}
@@ -286,13 +265,8 @@ func (s *Service) updateQuota(r *http.Request) (*api.Response, error) {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			if _, err := tx.Exec(ctx, "DELETE FROM image_quotas WHERE project_id = ? AND resource = ?", p, k); err != nil {
+			if err := quota.Set(ctx, tx, "image_quotas", p, k, set[k]); err != nil {
 				return err
-			}
-			if v := set[k]; v != nil {
-				if _, err := tx.Exec(ctx, "INSERT INTO image_quotas (project_id, resource, hard_limit) VALUES (?, ?, ?)", p, k, *v); err != nil {
-					return err
-				}
 			}
 		}
 		var err error

@@ -81,7 +81,19 @@ type Service struct {
 	db      *store.DB
 	dataDir string
 	gate    SpendGate // asked before a customer stores data; nil: never
+	// projects finds the operator's project, owner of the catalog; nil:
+	// the catalog is no project's.
+	projects Projects
 }
+
+// Projects finds a project's id by name, "" when there is none; identity
+// provides it, so image never reads identity's tables.
+type Projects interface {
+	ProjectID(ctx context.Context, name string) (string, error)
+}
+
+// SetProjects connects identity's project lookup.
+func (s *Service) SetProjects(p Projects) { s.projects = p }
 
 // New makes the image service; image data lives under dataDir.
 func New(db *store.DB, dataDir string) *Service { return &Service{db: db, dataDir: dataDir} }

@@ -1,10 +1,12 @@
 package network
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -262,7 +264,7 @@ func (b body) boolean(k string) (bool, bool, error) {
 	case bool:
 		return t, true, nil
 	case string:
-		if bv, err := parseBool(t); err == nil {
+		if bv, ok := api.ParseBool(t); ok {
 			return bv, true, nil
 		}
 	case float64:
@@ -271,16 +273,6 @@ func (b body) boolean(k string) (bool, bool, error) {
 		}
 	}
 	return false, true, invalid(k, v, "'%s' cannot be converted to boolean")
-}
-
-func parseBool(s string) (bool, error) {
-	switch strings.ToLower(s) {
-	case "true", "1", "yes", "on", "t", "y":
-		return true, nil
-	case "false", "0", "no", "off", "f", "n":
-		return false, nil
-	}
-	return false, fmt.Errorf("not a boolean")
 }
 
 func (b body) strList(k string) ([]string, bool, error) {
@@ -359,29 +351,67 @@ var reservedParams = map[string]bool{
 
 // render filters, sorts, pages and projects a list of resource views
 // according to the query (neutron/api/v2/base.py _items), and wraps them
-// as {"<collection>": [...], "<collection>_links": [...]}.
+// as {"<collection>": [...], "<collection>_links": [...]}. It answers the
+// lists whose query columnList.page cannot read in SQL.
 func render(r *http.Request, collection string, items []map[string]any, filterable map[string]bool) (*api.Response, error) {
 	q := r.URL.Query()
 	var err error
 	if items, err = filterItems(q, items, filterable); err != nil {
 		return nil, err
 	}
-	// Sorting: sort_key and sort_dir may repeat, paired by position.
-	keys := q["sort_key"]
-	dirs := q["sort_dir"]
+	keys, dirs := q["sort_key"], q["sort_dir"]
+	if err := checkSort(keys, dirs, filterable); err != nil {
+		return nil, err
+	}
+	sortItems(items, keys, dirs)
+	reverse := false
+	if pr := q.Get("page_reverse"); pr != "" {
+		var ok bool
+		if reverse, ok = api.ParseBool(pr); !ok {
+			return nil, nerr(400, "HTTPBadRequest", "Invalid input for page_reverse. Reason: '%s' cannot be converted to boolean.", pr)
+		}
+	}
+	limit, err := limitRule.Parse(q.Get("limit"), q.Get("limit") != "")
+	if err != nil {
+		return nil, err
+	}
+	marker := q.Get("marker")
+	var links []map[string]string
+	if limit > 0 || marker != "" {
+		if items, links, err = pageItems(r, items, limit, marker, reverse); err != nil {
+			return nil, err
+		}
+	}
+	return listAnswer(q, collection, items, links), nil
+}
+
+// limitRule is neutron's limit: none unless asked (0 is none too).
+var limitRule = api.IntRule{NotInt: func(raw string) error {
+	return nerr(400, "HTTPBadRequest", "Limit must be an integer 0 or greater and not '%s'", raw)
+}}
+
+// checkSort validates sort_key and sort_dir, which may repeat, paired by
+// position.
+func checkSort(keys, dirs []string, filterable map[string]bool) error {
 	for _, d := range dirs {
 		if d != "asc" && d != "desc" {
-			return nil, nerr(400, "HTTPBadRequest", "Invalid input for sort_dir. Reason: '%s' is not a valid value. Valid values are ['asc', 'desc'].", d)
+			return nerr(400, "HTTPBadRequest", "Invalid input for sort_dir. Reason: '%s' is not a valid value. Valid values are ['asc', 'desc'].", d)
 		}
 	}
 	if len(dirs) > len(keys) {
-		return nil, nerr(400, "HTTPBadRequest", "The number of sort_keys and sort_dirs must be same")
+		return nerr(400, "HTTPBadRequest", "The number of sort_keys and sort_dirs must be same")
 	}
 	for _, k := range keys {
 		if !filterable[k] {
-			return nil, nerr(400, "HTTPBadRequest", "%s is an invalid attribute for sort_keys", k)
+			return nerr(400, "HTTPBadRequest", "%s is an invalid attribute for sort_keys", k)
 		}
 	}
+	return nil
+}
+
+// sortItems orders by the keys, a key without a direction ascending, ties
+// by id; without keys the load order (creation) stays.
+func sortItems(items []map[string]any, keys, dirs []string) {
 	sort.SliceStable(items, func(i, j int) bool {
 		for n, k := range keys {
 			c := compareValues(items[i][k], items[j][k])
@@ -398,91 +428,212 @@ func render(r *http.Request, collection string, items []map[string]any, filterab
 		}
 		return fmt.Sprint(items[i]["id"]) < fmt.Sprint(items[j]["id"])
 	})
-	reverse := false
-	if pr := q.Get("page_reverse"); pr != "" {
-		if reverse, err = parseBool(pr); err != nil {
-			return nil, nerr(400, "HTTPBadRequest", "Invalid input for page_reverse. Reason: '%s' cannot be converted to boolean.", pr)
+}
+
+// pageItems cuts the page after marker (before it with page_reverse) and
+// gives its links.
+func pageItems(r *http.Request, items []map[string]any, limit int, marker string, reverse bool) ([]map[string]any, []map[string]string, error) {
+	if reverse {
+		slices.Reverse(items)
+	}
+	start := 0
+	if marker != "" {
+		start = slices.IndexFunc(items, func(it map[string]any) bool { return it["id"] == marker }) + 1
+		if start == 0 {
+			return nil, nil, errMarkerNotFound(marker)
 		}
 	}
-	limit := 0
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 0 {
-			return nil, nerr(400, "HTTPBadRequest", "Limit must be an integer 0 or greater and not '%s'", l)
-		}
-		limit = n
+	items = items[start:]
+	more := limit > 0 && len(items) > limit
+	if more {
+		items = items[:limit]
 	}
-	marker := q.Get("marker")
+	if reverse {
+		slices.Reverse(items)
+	}
+	return items, pageLinks(r, items, more, marker != "", reverse), nil
+}
+
+func errMarkerNotFound(marker string) *api.Error {
+	return nerr(404, "HTTPNotFound", "Marker %s could not be found.", marker)
+}
+
+// pageLinks are a page's next and previous links (neutron/api/api_common.py
+// PaginationNativeHelper): next when more follow in the paging direction,
+// previous when the page started at a marker.
+func pageLinks(r *http.Request, items []map[string]any, more, afterMarker, reverse bool) []map[string]string {
+	if len(items) == 0 {
+		return nil
+	}
+	q := r.URL.Query()
+	base := api.BaseURL(r) + r.URL.Path
+	link := func(rel string, mk any, rev bool) map[string]string {
+		set := map[string]string{"marker": fmt.Sprint(mk)}
+		if rev {
+			set["page_reverse"] = "True"
+		}
+		return map[string]string{"rel": rel, "href": base + "?" + api.NextQuery(q, set, "marker", "page_reverse")}
+	}
+	last, first := items[len(items)-1]["id"], items[0]["id"]
 	var links []map[string]string
-	if limit > 0 || marker != "" {
-		if reverse {
-			for i, j := 0, len(items)-1; i < j; i, j = i+1, j-1 {
-				items[i], items[j] = items[j], items[i]
-			}
+	if reverse {
+		if afterMarker {
+			links = append(links, link("next", last, false))
 		}
-		start := 0
-		if marker != "" {
-			start = -1
-			for i, it := range items {
-				if it["id"] == marker {
-					start = i + 1
-					break
-				}
-			}
-			if start < 0 {
-				return nil, nerr(404, "HTTPNotFound", "Marker %s could not be found.", marker)
-			}
+		if more {
+			links = append(links, link("previous", first, true))
 		}
-		items = items[start:]
-		more := false
-		if limit > 0 && len(items) > limit {
-			items = items[:limit]
-			more = true
-		}
-		if reverse {
-			for i, j := 0, len(items)-1; i < j; i, j = i+1, j-1 {
-				items[i], items[j] = items[j], items[i]
-			}
-		}
-		base := api.BaseURL(r) + r.URL.Path
-		link := func(rel, mk string, rev bool) map[string]string {
-			v := url.Values{}
-			for k, vs := range q {
-				if k != "marker" && k != "page_reverse" {
-					v[k] = vs
-				}
-			}
-			v.Set("marker", mk)
-			if rev {
-				v.Set("page_reverse", "True")
-			}
-			return map[string]string{"rel": rel, "href": base + "?" + v.Encode()}
-		}
-		if len(items) > 0 {
-			last, first := items[len(items)-1]["id"], items[0]["id"]
-			if reverse {
-				if marker != "" {
-					links = append(links, link("next", fmt.Sprint(last), false))
-				}
-				if more {
-					links = append(links, link("previous", fmt.Sprint(first), true))
-				}
-			} else {
-				if more {
-					links = append(links, link("next", fmt.Sprint(last), false))
-				}
-				if marker != "" {
-					links = append(links, link("previous", fmt.Sprint(first), true))
-				}
-			}
-		}
+		return links
 	}
+	if more {
+		links = append(links, link("next", last, false))
+	}
+	if afterMarker {
+		links = append(links, link("previous", first, true))
+	}
+	return links
+}
+
+// listAnswer applies ?fields= and wraps the page with its links.
+func listAnswer(q url.Values, collection string, items []map[string]any, links []map[string]string) *api.Response {
 	items = selectFields(q, items)
 	out := map[string]any{collection: items}
 	if links != nil {
 		out[collection+"_links"] = links
 	}
-	return api.JSON(200, out), nil
+	return api.JSON(200, out)
+}
+
+// columnList is how a resource's list is read in SQL when its query
+// allows: the attributes whose view value is a column's own value (by
+// column), and which of them are booleans.
+type columnList struct {
+	cols  map[string]string
+	bools map[string]bool
+}
+
+// sqlPage is a list page read in SQL: its query, and what its links need.
+type sqlPage struct {
+	api.Page
+	limit  int
+	marker string
+}
+
+// page builds the SQL page of a list query whose filters and sort keys are
+// all columns, paging forward; ok is false for any other query (tags,
+// computed attributes, page_reverse, or a parameter to refuse), which
+// render answers from the views. scope is the caller's visibility
+// condition.
+func (cl columnList) page(q url.Values, scope string, args ...any) (*sqlPage, bool) {
+	if !cl.covers(q) {
+		return nil, false
+	}
+	limit, err := limitRule.Parse(q.Get("limit"), q.Get("limit") != "")
+	if err != nil {
+		return nil, false
+	}
+	p := &sqlPage{limit: limit, marker: q.Get("marker"), Page: api.Page{Limit: -1}}
+	p.Add(scope, args...)
+	for k, vs := range q {
+		if !reservedParams[k] {
+			cl.filter(&p.Page, k, vs)
+		}
+	}
+	keys, dirs := q["sort_key"], q["sort_dir"]
+	for i, k := range keys {
+		p.Keys = append(p.Keys, api.SortKey{Col: cl.cols[k], Desc: i < len(dirs) && dirs[i] == "desc"})
+	}
+	if len(keys) == 0 {
+		p.Keys = api.Keyset{{Col: "created_at"}}
+	}
+	p.Keys = append(p.Keys, api.SortKey{Col: "id"})
+	if limit > 0 {
+		p.Limit = limit + 1 // one more tells whether another page follows
+	}
+	return p, true
+}
+
+// covers reports whether every parameter of q has its column and is valid.
+func (cl columnList) covers(q url.Values) bool {
+	for k := range q {
+		switch {
+		case k == "page_reverse" || strings.Contains(k, "tags"):
+			return false
+		case !reservedParams[k] && cl.cols[k] == "":
+			return false
+		}
+	}
+	keys, dirs := q["sort_key"], q["sort_dir"]
+	if len(dirs) > len(keys) {
+		return false
+	}
+	for _, d := range dirs {
+		if d != "asc" && d != "desc" {
+			return false
+		}
+	}
+	for _, k := range keys {
+		if cl.cols[k] == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// filter adds one attribute filter: any of its values matches; a value
+// that is not a boolean matches no boolean.
+func (cl columnList) filter(p *api.Page, k string, vs []string) {
+	col := cl.cols[k]
+	if !cl.bools[k] {
+		in, args := api.InList(vs)
+		p.Add(col+" "+in, args...)
+		return
+	}
+	var ors []string
+	var args []any
+	for _, v := range vs {
+		if b, ok := api.ParseBool(v); ok {
+			ors, args = append(ors, col+" = ?"), append(args, b2i(b))
+		}
+	}
+	if len(ors) == 0 {
+		ors = []string{"1 = 0"}
+	}
+	p.Add("("+strings.Join(ors, " OR ")+")", args...)
+}
+
+// afterMarker narrows the page to the rows after the marker, which must be
+// one the page's filters keep.
+func (p *sqlPage) afterMarker(ctx context.Context, db store.Querier, table string) error {
+	if p.marker == "" {
+		return nil
+	}
+	where := strings.Join(append(slices.Clone(p.Where), "id = ?"), " AND ")
+	vals, err := p.Keys.MarkerValues(ctx, db, table, where, append(slices.Clone(p.Args), p.marker)...)
+	if err == store.ErrNotFound {
+		return errMarkerNotFound(p.marker)
+	} else if err != nil {
+		return err
+	}
+	p.AfterMarker(vals)
+	return nil
+}
+
+// clauses is the page's "<conditions> ORDER BY … [LIMIT n]".
+func (p *sqlPage) clauses() string { return strings.TrimPrefix(p.SQL(), "WHERE ") }
+
+// answer wraps the views of the rows read (one more than the limit when
+// another page follows).
+func (p *sqlPage) answer(r *http.Request, collection string, items []map[string]any) *api.Response {
+	var links []map[string]string
+	if p.limit > 0 || p.marker != "" {
+		more := p.limit > 0 && len(items) > p.limit
+		if more {
+			items = items[:p.limit]
+		}
+		links = pageLinks(r, items, more, p.marker != "", false)
+	}
+	return listAnswer(r.URL.Query(), collection, items, links)
 }
 
 func compareValues(a, b any) int {
@@ -616,7 +767,7 @@ func matches(it map[string]any, key string, vals []string) bool {
 	for _, want := range vals {
 		switch t := v.(type) {
 		case bool:
-			if b, err := parseBool(want); err == nil && b == t {
+			if b, ok := api.ParseBool(want); ok && b == t {
 				return true
 			}
 		case []string:

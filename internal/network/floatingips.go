@@ -107,7 +107,7 @@ func (s *Service) fipViews(ctx context.Context, q store.Querier, fips []*fipRow)
 	}
 	ports := map[string]*portRow{}
 	if err := inChunks(ids, func(chunk []any) error {
-		l, err := loadPorts(ctx, q, "id IN ("+marks(len(chunk))+")", chunk...)
+		l, err := loadPorts(ctx, q, "id IN ("+api.Placeholders(len(chunk))+")", chunk...)
 		for _, p := range l {
 			ports[p.ID] = p
 		}

@@ -4,8 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"net/netip"
-	"strings"
 
+	"nimbus/internal/api"
 	"nimbus/internal/store"
 )
 
@@ -71,7 +71,7 @@ func loadNets(ctx context.Context, q store.Querier, where string, args ...any) (
 		ids = append(ids, n.ID)
 	}
 	err = inChunks(ids, func(chunk []any) error {
-		rows, err := q.Query(ctx, "SELECT network_id, id FROM subnets WHERE network_id IN ("+marks(len(chunk))+") ORDER BY created_at, id", chunk...)
+		rows, err := q.Query(ctx, "SELECT network_id, id FROM subnets WHERE network_id IN ("+api.Placeholders(len(chunk))+") ORDER BY created_at, id", chunk...)
 		if err != nil {
 			return err
 		}
@@ -227,7 +227,13 @@ const portCols = `id, network_id, name, project_id, description, mac_address, st
 	created_at, updated_at, revision_number`
 
 func loadPorts(ctx context.Context, q store.Querier, where string, args ...any) ([]*portRow, error) {
-	rows, err := q.Query(ctx, "SELECT "+portCols+" FROM ports WHERE "+where+" ORDER BY created_at, id", args...)
+	return loadPortPage(ctx, q, where+" ORDER BY created_at, id", args...)
+}
+
+// loadPortPage reads the ports of "WHERE <clauses>", which gives their
+// order and limit, with their addresses.
+func loadPortPage(ctx context.Context, q store.Querier, clauses string, args ...any) ([]*portRow, error) {
+	rows, err := q.Query(ctx, "SELECT "+portCols+" FROM ports WHERE "+clauses, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +275,7 @@ func loadPorts(ctx context.Context, q store.Querier, where string, args ...any) 
 	}
 	err = inChunks(ids, func(chunk []any) error {
 		rows, err := q.Query(ctx, "SELECT owner_id, subnet_id, ip_address FROM ip_allocations WHERE owner_id IN ("+
-			marks(len(chunk))+") ORDER BY seq", chunk...)
+			api.Placeholders(len(chunk))+") ORDER BY seq", chunk...)
 		if err != nil {
 			return err
 		}
@@ -377,7 +383,7 @@ func loadSGs(ctx context.Context, q store.Querier, where string, args ...any) ([
 		ids = append(ids, g.ID)
 	}
 	err = inChunks(ids, func(chunk []any) error {
-		rules, err := loadRules(ctx, q, "security_group_id IN ("+marks(len(chunk))+")", chunk...)
+		rules, err := loadRules(ctx, q, "security_group_id IN ("+api.Placeholders(len(chunk))+")", chunk...)
 		for _, r := range rules {
 			r.defaultSG = byID[r.SecurityGroupID].Default
 			byID[r.SecurityGroupID].Rules = append(byID[r.SecurityGroupID].Rules, r)
@@ -512,10 +518,8 @@ func (f *fipRow) view(port *portRow) map[string]any {
 	}
 }
 
-// marks is "?, ?, ?" for n placeholders.
-func marks(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
-}
+// marks is api.Placeholders under the name service.go still uses.
+var marks = api.Placeholders
 
 // inChunks runs f over ids in chunks small enough for any engine's
 // placeholder limit.

@@ -37,21 +37,44 @@ func visibleNet(ctx context.Context, q store.Querier, c *api.Caller, id string) 
 
 var netFilters = filterableOf(viewKeys((&netRow{}).view())...)
 
+// netColumns are the network attributes a list reads in SQL.
+var netColumns = columnList{
+	cols: map[string]string{"id": "id", "name": "name", "project_id": "project_id", "tenant_id": "project_id",
+		"description": "description", "admin_state_up": "admin_state_up", "shared": "shared",
+		"router:external": "external", "is_default": "is_default", "port_security_enabled": "port_security_enabled"},
+	bools: map[string]bool{"admin_state_up": true, "shared": true, "router:external": true, "is_default": true,
+		"port_security_enabled": true},
+}
+
 func (s *Service) listNetworks(r *http.Request) (*api.Response, error) {
 	c := caller(r)
 	where, args := "1 = 1", []any{}
 	if !c.IsAdmin() {
 		where, args = visibleNets, []any{c.ProjectID}
 	}
+	if p, ok := netColumns.page(r.URL.Query(), where, args...); ok {
+		if err := p.afterMarker(r.Context(), s.db, "networks"); err != nil {
+			return nil, err
+		}
+		nets, err := loadNets(r.Context(), s.db, p.clauses(), p.Args...)
+		if err != nil {
+			return nil, err
+		}
+		return p.answer(r, "networks", netViews(nets)), nil
+	}
 	nets, err := loadNets(r.Context(), s.db, where+" ORDER BY created_at, id", args...)
 	if err != nil {
 		return nil, err
 	}
+	return render(r, "networks", netViews(nets), netFilters)
+}
+
+func netViews(nets []*netRow) []map[string]any {
 	items := make([]map[string]any, 0, len(nets))
 	for _, n := range nets {
 		items = append(items, n.view())
 	}
-	return render(r, "networks", items, netFilters)
+	return items
 }
 
 func (s *Service) showNetwork(r *http.Request) (*api.Response, error) {

@@ -16,32 +16,54 @@ import (
 
 var portFilters = filterableOf(viewKeys((&portRow{}).view(true))...)
 
+// portColumns are the port attributes a list reads in SQL.
+var portColumns = columnList{
+	cols: map[string]string{"id": "id", "name": "name", "project_id": "project_id", "tenant_id": "project_id",
+		"description": "description", "network_id": "network_id", "mac_address": "mac_address", "device_id": "device_id",
+		"device_owner": "device_owner", "status": "status", "admin_state_up": "admin_state_up",
+		"port_security_enabled": "port_security_enabled", "binding:vnic_type": "vnic_type"},
+	bools: map[string]bool{"admin_state_up": true, "port_security_enabled": true},
+}
+
 func (s *Service) listPorts(r *http.Request) (*api.Response, error) {
 	c := caller(r)
 	where, args := "1 = 1", []any{}
 	if !c.IsAdmin() {
 		where, args = "project_id = ?", []any{c.ProjectID}
 	}
+	q := r.URL.Query()
+	if p, ok := portColumns.page(q, where, args...); ok {
+		if err := p.afterMarker(r.Context(), s.db, "ports"); err != nil {
+			return nil, err
+		}
+		ports, err := loadPortPage(r.Context(), s.db, p.clauses(), p.Args...)
+		if err != nil {
+			return nil, err
+		}
+		return p.answer(r, "ports", portViews(ports, c.IsAdmin())), nil
+	}
 	// Push the most selective filters into SQL: Nova-style lookups by
 	// device_id and network_id on large port tables.
-	q := r.URL.Query()
 	for _, k := range []string{"device_id", "network_id"} {
 		if vs, ok := q[k]; ok && len(vs) > 0 {
-			where += " AND " + k + " IN (" + marks(len(vs)) + ")"
-			for _, v := range vs {
-				args = append(args, v)
-			}
+			in, vals := api.InList(vs)
+			where += " AND " + k + " " + in
+			args = append(args, vals...)
 		}
 	}
 	ports, err := loadPorts(r.Context(), s.db, where, args...)
 	if err != nil {
 		return nil, err
 	}
+	return render(r, "ports", portViews(ports, c.IsAdmin()), portFilters)
+}
+
+func portViews(ports []*portRow, admin bool) []map[string]any {
 	items := make([]map[string]any, 0, len(ports))
 	for _, p := range ports {
-		items = append(items, p.view(c.IsAdmin()))
+		items = append(items, p.view(admin))
 	}
-	return render(r, "ports", items, portFilters)
+	return items
 }
 
 func ownedPort(ctx context.Context, q store.Querier, c *api.Caller, id string) (*portRow, error) {

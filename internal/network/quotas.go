@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"nimbus/internal/api"
+	"nimbus/internal/quota"
 	"nimbus/internal/store"
 )
 
@@ -24,24 +25,7 @@ var quotaTables = map[string]string{
 }
 
 func quotaOf(ctx context.Context, q store.Querier, projectID string) (map[string]int64, error) {
-	out := map[string]int64{}
-	for k, v := range quotaDefaults {
-		out[k] = v
-	}
-	rows, err := q.Query(ctx, "SELECT resource, hard_limit FROM network_quotas WHERE project_id = ?", projectID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var r string
-		var n int64
-		if err := rows.Scan(&r, &n); err != nil {
-			return nil, err
-		}
-		out[r] = n
-	}
-	return out, rows.Err()
+	return quota.Limits(ctx, q, "network_quotas", projectID, quotaDefaults)
 }
 
 func usage(ctx context.Context, q store.Querier, projectID, resource string) (int64, error) {
@@ -133,12 +117,19 @@ func (s *Service) listQuotas(r *http.Request) (*api.Response, error) {
 	return api.JSON(200, map[string]any{"quotas": out}), nil
 }
 
-func (s *Service) showQuota(r *http.Request) (*api.Response, error) {
+// askedQuota is the project of a quota path, which the caller may see,
+// and its limits.
+func (s *Service) askedQuota(r *http.Request) (string, map[string]int64, error) {
 	p, err := quotaProject(r)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	q, err := quotaOf(r.Context(), s.db, p)
+	return p, q, err
+}
+
+func (s *Service) showQuota(r *http.Request) (*api.Response, error) {
+	_, q, err := s.askedQuota(r)
 	if err != nil {
 		return nil, err
 	}
@@ -153,11 +144,7 @@ func (s *Service) showQuotaDefault(r *http.Request) (*api.Response, error) {
 }
 
 func (s *Service) showQuotaDetails(r *http.Request) (*api.Response, error) {
-	p, err := quotaProject(r)
-	if err != nil {
-		return nil, err
-	}
-	q, err := quotaOf(r.Context(), s.db, p)
+	p, q, err := s.askedQuota(r)
 	if err != nil {
 		return nil, err
 	}
@@ -204,10 +191,7 @@ func (s *Service) updateQuota(r *http.Request) (*api.Response, error) {
 	var q map[string]int64
 	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
 		for k, v := range set {
-			if _, err := tx.Exec(r.Context(), "DELETE FROM network_quotas WHERE project_id = ? AND resource = ?", p, k); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(r.Context(), "INSERT INTO network_quotas (project_id, resource, hard_limit) VALUES (?, ?, ?)", p, k, v); err != nil {
+			if err := quota.Set(r.Context(), tx, "network_quotas", p, k, &v); err != nil {
 				return err
 			}
 		}

@@ -61,7 +61,7 @@ func loadRouters(ctx context.Context, q store.Querier, where string, args ...any
 	}
 	ips := map[string][]FixedIP{}
 	err = inChunks(gwPorts, func(chunk []any) error {
-		ps, err := loadPorts(ctx, q, "id IN ("+marks(len(chunk))+")", chunk...)
+		ps, err := loadPorts(ctx, q, "id IN ("+api.Placeholders(len(chunk))+")", chunk...)
 		for _, p := range ps {
 			ips[p.ID] = p.FixedIPs
 		}

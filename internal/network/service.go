@@ -48,7 +48,19 @@ type Service struct {
 	// servers says whose a server is, before a customer names one as a
 	// port's device; nil: no server is anyone's.
 	servers ServerOwner
+	// projects finds the operator's project, owner of the public network;
+	// nil: the network is no project's.
+	projects Projects
 }
+
+// Projects finds a project's id by name, "" when there is none; identity
+// provides it, so network never reads identity's tables.
+type Projects interface {
+	ProjectID(ctx context.Context, name string) (string, error)
+}
+
+// SetProjects connects identity's project lookup.
+func (s *Service) SetProjects(p Projects) { s.projects = p }
 
 // ServerOwner tells which project a server belongs to; compute provides it.
 // found is false for a server that does not exist or is deleted.
@@ -226,12 +238,11 @@ func (s *Service) showExtension(r *http.Request) (*api.Response, error) {
 
 // Bootstrap makes the shared public network and its pool once.
 func (s *Service) Bootstrap(ctx context.Context) error {
+	owner, err := s.operatorProject(ctx)
+	if err != nil {
+		return err
+	}
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
-		owner := ""
-		err := tx.QueryRow(ctx, "SELECT id FROM projects WHERE name = 'admin' ORDER BY id LIMIT 1").Scan(&owner)
-		if err != nil && !store.IsNoRows(err) {
-			return err
-		}
 		n := &netRow{ID: newID(), Name: PublicNetwork, ProjectID: owner, AdminStateUp: true, External: true,
 			IsDefault: true, PortSecurity: true, MTU: 1450}
 		made, err := insertNet(ctx, tx, n, "public")
@@ -243,6 +254,15 @@ func (s *Service) Bootstrap(ctx context.Context) error {
 			IPVersion: 4, Gateway: &gw, Pools: []pool{{"203.0.113.10", "203.0.113.250"}}, EnableDHCP: false}
 		return insertSubnet(ctx, tx, sub)
 	})
+}
+
+// operatorProject is the id of identity's "admin" project, "" when there
+// is none (or no identity).
+func (s *Service) operatorProject(ctx context.Context) (string, error) {
+	if s.projects == nil {
+		return "", nil
+	}
+	return s.projects.ProjectID(ctx, "admin")
 }
 
 // EnsureDefaults gives a project its default network, subnet and "default"

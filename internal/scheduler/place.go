@@ -366,6 +366,11 @@ func (s *State) admit(h *host, sm *summary, c *Claim) error {
 func (s *State) Release(c Claim) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.release(c)
+}
+
+// release is Release with mu held.
+func (s *State) release(c Claim) {
 	i, ok := s.byName[c.Host]
 	if !ok {
 		return

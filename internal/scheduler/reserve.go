@@ -29,20 +29,9 @@ func (s *State) Reserve(req Request) (Claim, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	q := query{vcpus: req.VCPUs, memMB: req.MemoryMB, diskGB: req.DiskGB, gpus: req.GPUs, numa: req.NUMANodes, zone: -1}
-	if req.Zone != "" {
-		z, ok := s.zones[req.Zone]
-		if !ok {
-			return Claim{}, ErrNoValidHost
-		}
-		q.zone = z
-	}
-	if q.gpus > 0 {
-		m, ok := s.models[req.GPUModel]
-		if !ok {
-			return Claim{}, ErrNoValidHost
-		}
-		q.model = m
+	q, short := s.resolve(&req)
+	if short != ShortNone {
+		return Claim{}, ErrNoValidHost
 	}
 	q.marked = s.mark(&req)
 	best := s.choose(&q, req.OnlyHosts != nil)
@@ -51,6 +40,28 @@ func (s *State) Reserve(req Request) (Claim, error) {
 		return Claim{}, ErrNoValidHost
 	}
 	return s.place(best, &q), nil
+}
+
+// resolve turns req's names into the state's numbers; an unknown zone
+// (ShortHost) or GPU model (ShortGPU) means nothing can fit. Called with mu
+// held.
+func (s *State) resolve(req *Request) (query, Short) {
+	q := query{vcpus: req.VCPUs, memMB: req.MemoryMB, diskGB: req.DiskGB, gpus: req.GPUs, numa: req.NUMANodes, zone: -1}
+	if req.Zone != "" {
+		z, ok := s.zones[req.Zone]
+		if !ok {
+			return q, ShortHost
+		}
+		q.zone = z
+	}
+	if q.gpus > 0 {
+		m, ok := s.models[req.GPUModel]
+		if !ok {
+			return q, ShortGPU
+		}
+		q.model = m
+	}
+	return q, ShortNone
 }
 
 // mark records on the hosts what req says of them, and s.only for

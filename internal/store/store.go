@@ -1,8 +1,10 @@
-// Package store is Nimbus's SQL repository layer: one database handle over SQLite
-// (the embedded default) or PostgreSQL, embedded migrations, and transactions.
+// Package store is Nimbus's database handle over SQLite (the embedded
+// default) or PostgreSQL, with embedded migrations and transactions; its
+// only queries are the migrations'.
 //
 // Every service keeps its state in tables created by the migrations in this
-// package and changes it only inside DB.Tx, so a state change is all or nothing.
+// package, reads and writes only its own (others' through their services),
+// and changes them only inside DB.Tx, so a state change is all or nothing.
 // Queries are written once with '?' placeholders; Rebind turns them into
 // PostgreSQL's $n form.
 package store

@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -50,10 +49,7 @@ func StartCloud(t testing.TB, dbURL string, opts ...Options) *cloud.Cloud {
 		// shelved for running dry. Billing's own tests set limits per
 		// account. Tests top up through the simulated card.
 		Billing: billing.Config{DefaultCreditLimit: 1 << 40, TestPayments: true},
-		Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	if os.Getenv("NIMBUS_TEST_LOG") != "" {
-		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		Log:     Log(),
 	}
 	for _, o := range opts {
 		o(&cfg)

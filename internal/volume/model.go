@@ -140,7 +140,7 @@ func (s *Service) setStatus(ctx context.Context, q store.Querier, v *volRow, sta
 	t := s.now()
 	args := []any{status, reason, v.Size, v.NewSize, store.FormatTime(t), v.ID}
 	if len(from) > 0 {
-		query += " AND status IN (" + marks(len(from)) + ")"
+		query += " AND status IN (" + api.Placeholders(len(from)) + ")"
 		for _, f := range from {
 			args = append(args, f)
 		}
@@ -155,8 +155,6 @@ func (s *Service) setStatus(ctx context.Context, q store.Querier, v *volRow, sta
 	v.Status, v.Error, v.UpdatedAt = status, reason, t
 	return true, s.meter(ctx, q, v, t)
 }
-
-func marks(n int) string { return strings.TrimSuffix(strings.Repeat("?, ", n), ", ") }
 
 func b2i(b bool) int {
 	if b {
@@ -276,22 +274,15 @@ func (b body) boolean(key string) (bool, bool, error) {
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		if v, ok := parseBool(s); ok {
+		if v, ok := api.ParseBool(s); ok {
 			return v, true, nil
 		}
 	}
 	return false, false, api.BadRequest("Invalid input for field/attribute %s. Value: %s. %s is not of type 'boolean'", key, raw, raw)
 }
 
-func parseBool(s string) (bool, bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "1", "t", "true", "on", "y", "yes":
-		return true, true
-	case "0", "f", "false", "off", "n", "no":
-		return false, true
-	}
-	return false, false
-}
+// parseBool is api.ParseBool under the name quotas.go still uses.
+var parseBool = api.ParseBool
 
 // maxMetadata bounds a volume's metadata items. Cinder sets no count, so
 // this is Nova's and Glance's default (metadata_items, image_property_quota).

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"nimbus/internal/api"
+	"nimbus/internal/quota"
 	"nimbus/internal/store"
 )
 
@@ -25,9 +26,9 @@ var perType = []string{"volumes_", "gigabytes_", "snapshots_"}
 
 // quotaOf is a project's limits: defaults, per-type keys and what an admin set.
 func quotaOf(ctx context.Context, q store.Querier, project string) (map[string]int64, error) {
-	out := map[string]int64{}
+	defaults := map[string]int64{}
 	for k, v := range quotaDefaults {
-		out[k] = v
+		defaults[k] = v
 	}
 	names, err := typeNames(ctx, q)
 	if err != nil {
@@ -35,25 +36,10 @@ func quotaOf(ctx context.Context, q store.Querier, project string) (map[string]i
 	}
 	for _, n := range names {
 		for _, p := range perType {
-			out[p+n] = -1
+			defaults[p+n] = -1
 		}
 	}
-	rows, err := q.Query(ctx, "SELECT resource, hard_limit FROM volume_quotas WHERE project_id = ?", project)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var k string
-		var n int64
-		if err := rows.Scan(&k, &n); err != nil {
-			return nil, err
-		}
-		if _, ok := out[k]; ok {
-			out[k] = n
-		}
-	}
-	return out, rows.Err()
+	return quota.Limits(ctx, q, "volume_quotas", project, defaults)
 }
 
 // usage is what a project's volumes take: their count and gigabytes, an
@@ -69,8 +55,7 @@ func usage(ctx context.Context, q store.Querier, project string) (volumes, gigab
 // (cinder/quota_utils.py process_reserve_over_quota). It first takes the
 // project's quota lock row, so concurrent creates count one after another.
 func (s *Service) reserve(ctx context.Context, tx *store.Tx, project string, volumes, gb, size int64) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO volume_quota_locks (project_id, serial) VALUES (?, 1)
-		ON CONFLICT (project_id) DO UPDATE SET serial = volume_quota_locks.serial + 1`, project); err != nil {
+	if err := quota.Lock(ctx, tx, "volume_quota_locks", project); err != nil {
 		return err
 	}
 	lim, err := quotaOf(ctx, tx, project)
@@ -246,10 +231,7 @@ func (s *Service) updateQuota(r *http.Request) (*api.Response, error) {
 			set[k] = v
 		}
 		for k, v := range set {
-			if _, err := tx.Exec(ctx, "DELETE FROM volume_quotas WHERE project_id = ? AND resource = ?", p, k); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, "INSERT INTO volume_quotas (project_id, resource, hard_limit) VALUES (?, ?, ?)", p, k, v); err != nil {
+			if err := quota.Set(ctx, tx, "volume_quotas", p, k, &v); err != nil {
 				return err
 			}
 			lim[k] = v

@@ -16,14 +16,12 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
-	"strconv"
-	"strings"
-	"sync"
 	"time"
 
 	"nimbus/internal/api"
 	"nimbus/internal/image"
 	"nimbus/internal/store"
+	"nimbus/internal/workqueue"
 )
 
 // Images is what volumes need of the image service: an image the caller
@@ -67,10 +65,9 @@ type Service struct {
 	qemuImg string
 	gate    SpendGate
 
-	ctx  context.Context // background work; cancelled when Run returns
-	stop context.CancelFunc
-	wg   sync.WaitGroup
-	busy sync.Map // volume id -> *sync.Mutex, one worker per volume
+	ctx   context.Context // background work; cancelled when Run returns
+	stop  context.CancelFunc
+	queue *workqueue.Queue // data work by volume id (worker.go)
 }
 
 // New makes the block storage service.
@@ -84,6 +81,7 @@ func New(cfg Config) *Service {
 		s.now = time.Now
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
+	s.startWorkers()
 	return s
 }
 
@@ -113,9 +111,9 @@ func (s *Service) API(auth api.Authenticator, authURL string) *api.Service {
 	a := api.NewService("volume", api.RenderNova, auth)
 	a.AuthURL = authURL
 	a.Log = s.log
-	a.Before = append(a.Before, before)
-	a.AfterAuth = append(a.AfterAuth, checkProjectInURL)
-	a.Decorate = decorate
+	a.Before = append(a.Before, microversions.Before)
+	a.AfterAuth = append(a.AfterAuth, microversions.CheckProject)
+	a.Decorate = microversions.Echo
 	a.Handle(s.Routes()...)
 	return a
 }
@@ -205,112 +203,29 @@ func extensions(r *http.Request) (*api.Response, error) {
 
 // ---- Microversions and the project id in the URL ----
 
-type versionKey struct{}
-type projectKey struct{}
+// microversions is Cinder's negotiation: "OpenStack-API-Version: volume
+// 3.X" (also under the service type block-storage) or the legacy
+// X-OpenStack-Volume-API-Version gophercloud sends; only the first is
+// echoed (cinder/api/openstack/__init__.py, wsgi.py
+// Request.set_api_version_request). Cinder's URLs carry the project id;
+// from 3.67 it may be left out.
+var microversions = &api.Microversions{
+	Types:   []string{"volume", "block-storage"},
+	Legacy:  "X-OpenStack-Volume-API-Version",
+	Min:     api.Version{Major: 3, Minor: MinMinor},
+	Max:     api.Version{Major: 3, Minor: MaxMinor},
+	Root:    "/v3",
+	Project: regexp.MustCompile(`^/v3/([0-9a-fA-F]{32}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})(/.*)?$`),
+	// cinder/api/openstack/wsgi.py: "Malformed request url".
+	Mismatch: func(string, string) error { return api.BadRequest("Malformed request url") },
+}
 
 // minor is the request's microversion 3.minor.
-func minor(r *http.Request) int {
-	if v, ok := r.Context().Value(versionKey{}).(int); ok {
-		return v
-	}
-	return MinMinor
-}
+func minor(r *http.Request) int { return api.VersionFrom(r.Context(), microversions.Min).Minor }
 
 // projectInURL is the project id the client put in the URL ("" if none),
 // repeated in links.
-func projectInURL(r *http.Request) string {
-	p, _ := r.Context().Value(projectKey{}).(string)
-	return p
-}
-
-var versionRE = regexp.MustCompile(`^([1-9]\d*)\.([1-9]\d*|0)$`)
-
-// parseVersion reads "OpenStack-API-Version: volume 3.X" (also under the
-// service type block-storage) or the legacy X-OpenStack-Volume-API-Version
-// that gophercloud sends too. No header means 3.0, "latest" the maximum;
-// outside the range is 406 (cinder/api/openstack/__init__.py and
-// wsgi.py Request.set_api_version_request).
-func parseVersion(r *http.Request) (int, error) {
-	raw := ""
-	for _, h := range r.Header.Values("OpenStack-API-Version") {
-		for _, part := range strings.Split(h, ",") {
-			f := strings.Fields(part)
-			if len(f) == 2 && (strings.EqualFold(f[0], "volume") || strings.EqualFold(f[0], "block-storage")) {
-				raw = f[1]
-			}
-		}
-	}
-	if raw == "" {
-		raw = strings.TrimSpace(r.Header.Get("X-OpenStack-Volume-API-Version"))
-	}
-	if raw == "" {
-		return MinMinor, nil
-	}
-	if strings.EqualFold(raw, "latest") {
-		return MaxMinor, nil
-	}
-	m := versionRE.FindStringSubmatch(raw)
-	if m == nil {
-		return 0, api.BadRequest("API Version String %s is of invalid format. Must be of format MajorNum.MinorNum.", raw)
-	}
-	maj, _ := strconv.Atoi(m[1])
-	mi, err := strconv.Atoi(m[2])
-	if maj != 3 || err != nil || mi < MinMinor || mi > MaxMinor {
-		return 0, &api.Error{Status: http.StatusNotAcceptable, Message: fmt.Sprintf(
-			"Version %s is not supported by the API. Minimum is 3.%d and maximum is 3.%d.", raw, MinMinor, MaxMinor)}
-	}
-	return mi, nil
-}
-
-// projectSegment matches /v3/<project id>/...; project ids are 32 hex
-// digits (or a dashed UUID).
-var projectSegment = regexp.MustCompile(`^/v3/([0-9a-fA-F]{32}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})(/.*)?$`)
-
-// before removes the optional project id after /v3 (Cinder's URLs carry
-// it; from 3.67 it may be left out, and a ServeMux cannot route both forms,
-// api-facts §7) and parses the microversion.
-func before(r *http.Request) (*http.Request, error) {
-	if m := projectSegment.FindStringSubmatch(r.URL.Path); m != nil {
-		r = r.Clone(context.WithValue(r.Context(), projectKey{}, m[1]))
-		r.URL.Path = "/v3" + m[2]
-		if m[2] == "" {
-			r.URL.Path = "/v3/"
-		}
-		r.URL.RawPath = ""
-	}
-	if strings.HasPrefix(r.URL.Path, "/v3") {
-		v, err := parseVersion(r)
-		if err != nil {
-			return r, err
-		}
-		r = r.WithContext(context.WithValue(r.Context(), versionKey{}, v))
-	}
-	return r, nil
-}
-
-// decorate echoes the microversion as Cinder does on every /v3 answer.
-func decorate(w http.ResponseWriter, r *http.Request) {
-	if !strings.HasPrefix(r.URL.Path, "/v3") {
-		return
-	}
-	h := w.Header()
-	h.Set("OpenStack-API-Version", fmt.Sprintf("volume 3.%d", minor(r)))
-	h.Set("Vary", "OpenStack-API-Version")
-}
-
-// checkProjectInURL refuses a URL project id that is not the caller's
-// (cinder/api/openstack/wsgi.py: "Malformed request url"), for non-admins.
-func checkProjectInURL(r *http.Request) error {
-	p := projectInURL(r)
-	c := api.CallerFrom(r.Context())
-	if p == "" || c == nil || c.IsAdmin() {
-		return nil
-	}
-	if !strings.EqualFold(strings.ReplaceAll(p, "-", ""), strings.ReplaceAll(c.ProjectID, "-", "")) {
-		return api.BadRequest("Malformed request url")
-	}
-	return nil
-}
+func projectInURL(r *http.Request) string { return api.ProjectInURL(r.Context()) }
 
 // DataPath is where volume id's data lives, for the hypervisor that will
 // attach it.

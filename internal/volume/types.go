@@ -142,7 +142,7 @@ func (s *Service) listTypes(r *http.Request) (*api.Response, error) {
 		case "":
 		case "none":
 		default:
-			b, ok := parseBool(p)
+			b, ok := api.ParseBool(p)
 			if !ok {
 				return nil, invalidInput("Invalid is_public filter [%s]", p)
 			}

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"os/exec"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -357,14 +356,14 @@ func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
 	q := r.URL.Query()
 	for _, k := range []string{"cascade", "force"} {
 		if v := q.Get(k); v != "" {
-			if b, ok := parseBool(v); !ok {
+			if b, ok := api.ParseBool(v); !ok {
 				return nil, invalidInput("Invalid value '%s' for %s: must be a boolean.", v, k)
 			} else if b && k == "force" && minor(r) >= 23 && !c.IsAdmin() {
 				return nil, api.PolicyForbidden("volume_extension:volume_admin_actions:force_delete")
 			}
 		}
 	}
-	force := minor(r) >= 23 && q.Get("force") != "" && func() bool { b, _ := parseBool(q.Get("force")); return b }()
+	force := minor(r) >= 23 && q.Get("force") != "" && func() bool { b, _ := api.ParseBool(q.Get("force")); return b }()
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
 		v, err := ownedVol(ctx, tx, c, r.PathValue("id"))
 		if err != nil {
@@ -395,47 +394,19 @@ func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
 // maxLimit is Cinder's osapi_max_limit.
 const maxLimit = 1000
 
-// sortColumns are the sort keys served, by API name.
-var sortColumns = map[string]func(a, b *volRow) int{
-	"id":                func(a, b *volRow) int { return strings.Compare(a.ID, b.ID) },
-	"name":              func(a, b *volRow) int { return strings.Compare(deref(a.Name), deref(b.Name)) },
-	"display_name":      func(a, b *volRow) int { return strings.Compare(deref(a.Name), deref(b.Name)) },
-	"status":            func(a, b *volRow) int { return strings.Compare(a.Status, b.Status) },
-	"size":              func(a, b *volRow) int { return cmp64(a.Size, b.Size) },
-	"availability_zone": func(a, b *volRow) int { return strings.Compare(a.Zone, b.Zone) },
-	"bootable":          func(a, b *volRow) int { return cmp64(int64(b2i(a.Bootable)), int64(b2i(b.Bootable))) },
-	"volume_type_id":    func(a, b *volRow) int { return strings.Compare(a.TypeID, b.TypeID) },
-	"created_at":        func(a, b *volRow) int { return a.CreatedAt.Compare(b.CreatedAt) },
-	"updated_at":        func(a, b *volRow) int { return a.UpdatedAt.Compare(b.UpdatedAt) },
-	"user_id":           func(a, b *volRow) int { return strings.Compare(a.UserID, b.UserID) },
-	"project_id":        func(a, b *volRow) int { return strings.Compare(a.ProjectID, b.ProjectID) },
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}
-
-func cmp64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-type sortKey struct {
-	cmp  func(a, b *volRow) int
-	desc bool
+// sortColumns are the sort keys served, by API name: a volume without a
+// name sorts as "".
+var sortColumns = map[string]string{
+	"id": "v.id", "name": "COALESCE(v.name, '')", "display_name": "COALESCE(v.name, '')", "status": "v.status",
+	"size": "v.size", "availability_zone": "v.availability_zone", "bootable": "v.bootable",
+	"volume_type_id": "v.volume_type_id", "created_at": "v.created_at", "updated_at": "v.updated_at",
+	"user_id": "v.user_id", "project_id": "v.project_id",
 }
 
 // sortParams reads sort=key[:dir],... or sort_key/sort_dir
-// (cinder/api/common.py get_sort_params); the default is created_at desc.
-func sortParams(q url.Values) ([]sortKey, error) {
+// (cinder/api/common.py get_sort_params); the default is created_at desc,
+// and the id desc ends every order so that a marker is exact.
+func sortParams(q url.Values) (api.Keyset, error) {
 	var keys, dirs []string
 	if s := q.Get("sort"); s != "" {
 		if q.Has("sort_key") || q.Has("sort_dir") {
@@ -457,9 +428,9 @@ func sortParams(q url.Values) ([]sortKey, error) {
 			dirs = append(dirs, "desc")
 		}
 	}
-	var out []sortKey
+	var out api.Keyset
 	for i, k := range keys {
-		cmp, ok := sortColumns[k]
+		col, ok := sortColumns[k]
 		if !ok {
 			return nil, invalidInput("Invalid sort key %s", k)
 		}
@@ -467,163 +438,225 @@ func sortParams(q url.Values) ([]sortKey, error) {
 		if d != "asc" && d != "desc" {
 			return nil, invalidInput("Unknown sort direction, must be 'desc' or 'asc'")
 		}
-		out = append(out, sortKey{cmp, d == "desc"})
+		out = append(out, api.SortKey{Col: col, Desc: d == "desc"})
 	}
-	out = append(out, sortKey{sortColumns["id"], true})
-	return out, nil
+	return append(out, api.SortKey{Col: "v.id", Desc: true}), nil
 }
 
-// intParam reads a non-negative integer query parameter
-// (cinder/api/api_utils.py validate_integer).
-func intParam(q url.Values, name string) (int, bool, error) {
-	s := q.Get(name)
-	if !q.Has(name) {
-		return 0, false, nil
+// countRule reads limit and offset (cinder/api/api_utils.py
+// validate_integer).
+func countRule(name string, def int) api.IntRule {
+	return api.IntRule{
+		Default: def, Min: 0,
+		NotInt:   func(string) error { return invalidInput("%s must be an integer.", name) },
+		TooSmall: func(string) error { return invalidInput("%s must be >= 0", name) },
 	}
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return 0, false, invalidInput("%s must be an integer.", name)
+}
+
+// volumeQuery is a volume list's filters: SQL conditions, and the metadata
+// filter, which is checked on the decoded column.
+type volumeQuery struct {
+	page api.Page
+	meta map[string]string
+}
+
+func (vq *volumeQuery) matches(v *volRow) bool {
+	for k, x := range vq.meta {
+		if v.Metadata[k] != x {
+			return false
+		}
 	}
-	if n < 0 {
-		return 0, false, invalidInput("%s must be >= 0", name)
+	return true
+}
+
+// volumeFilters reads the scope and the filters of
+// cinder/api/v3/volumes.py _get_volumes: the caller's project's volumes,
+// or with all_tenants every project's (admin; project_id narrows it).
+func volumeFilters(r *http.Request) (*volumeQuery, error) {
+	c, q, mv := caller(r), r.URL.Query(), minor(r)
+	vq := &volumeQuery{}
+	if all, _ := api.ParseBool(q.Get("all_tenants")); !all || !c.IsAdmin() {
+		vq.page.Add("v.project_id = ?", c.ProjectID)
+	} else if p := q.Get("project_id"); p != "" {
+		vq.page.Add("v.project_id = ?", p)
 	}
-	return n, true, nil
+	for _, f := range volumeFilterTable {
+		val, ok := q[f.param]
+		if !ok || mv < f.minMinor {
+			continue
+		}
+		if err := f.add(vq, f.param, val[0]); err != nil {
+			return nil, err
+		}
+	}
+	return vq, nil
+}
+
+// volumeFilter is one query filter: its parameter, the microversion it
+// came in, and how it narrows the query.
+type volumeFilter struct {
+	param    string
+	minMinor int
+	add      func(vq *volumeQuery, param, val string) error
+}
+
+var volumeFilterTable = []volumeFilter{
+	{"name", 0, equal("COALESCE(v.name, '')")},
+	{"display_name", 0, equal("COALESCE(v.name, '')")},
+	{"name~", 34, nameContains},
+	{"status", 0, equal("v.status")},
+	{"availability_zone", 0, equal("v.availability_zone")},
+	{"bootable", 0, bootable},
+	{"volume_type", 0, volumeType},
+	{"volume_type_id", 0, volumeType},
+	{"metadata", 0, metadataFilter},
+	{"created_at", 60, timeFilter("v.created_at")},
+	{"updated_at", 60, timeFilter("v.updated_at")},
+}
+
+func equal(col string) func(vq *volumeQuery, param, val string) error {
+	return func(vq *volumeQuery, _, val string) error {
+		vq.page.Add(col+" = ?", val)
+		return nil
+	}
+}
+
+// nameContains is name~ (3.34), a substring match. replace() finds it the
+// same way on both engines, where LIKE's case rules differ.
+func nameContains(vq *volumeQuery, _, val string) error {
+	if val != "" {
+		vq.page.Add("COALESCE(v.name, '') <> replace(COALESCE(v.name, ''), ?, '')", val)
+	}
+	return nil
+}
+
+func bootable(vq *volumeQuery, _, val string) error {
+	b, ok := api.ParseBool(val)
+	if !ok {
+		return invalidInput("Invalid value '%s' for bootable: must be a boolean.", val)
+	}
+	vq.page.Add("v.bootable = ?", b2i(b))
+	return nil
+}
+
+// volumeType matches a type by id or by name.
+func volumeType(vq *volumeQuery, _, val string) error {
+	vq.page.Add("(v.volume_type_id = ? OR COALESCE(t.name, '') = ?)", val, val)
+	return nil
+}
+
+// metadataFilter is metadata={'k': 'v'}, Cinder's Python-dict spelling;
+// several filters on one volume's metadata column are checked in Go.
+func metadataFilter(vq *volumeQuery, _, val string) error {
+	if err := json.Unmarshal([]byte(strings.ReplaceAll(val, "'", `"`)), &vq.meta); err != nil {
+		return invalidInput("Invalid filter metadata: %s", val)
+	}
+	return nil
 }
 
 // timeFilter is one created_at/updated_at comparison (3.60):
-// "gt:2020-01-01T00:00:00,lte:...".
-func timeFilter(name, spec string) (func(time.Time) bool, error) {
-	var tests []func(time.Time) bool
-	for _, unit := range strings.Split(spec, ",") {
-		op, ts, ok := strings.Cut(unit, ":")
-		if !ok {
-			return nil, api.BadRequest("Invalid %s value", name)
-		}
-		var at time.Time
-		var err error
-		for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999", "2006-01-02T15:04:05", "2006-01-02"} {
-			if at, err = time.Parse(layout, ts); err == nil {
-				break
+// "gt:2020-01-01T00:00:00,lte:...", compared as stored: UTC text at
+// microseconds.
+func timeFilter(col string) func(vq *volumeQuery, param, val string) error {
+	return func(vq *volumeQuery, name, spec string) error {
+		for _, unit := range strings.Split(spec, ",") {
+			op, ts, ok := strings.Cut(unit, ":")
+			if !ok {
+				return api.BadRequest("Invalid %s value", name)
 			}
+			at, err := parseFilterTime(ts)
+			if err != nil {
+				return api.BadRequest("Invalid %s value", ts)
+			}
+			cond, err := timeCond(col, op, at)
+			if err != nil {
+				return err
+			}
+			vq.page.Add(cond, store.FormatTime(at))
 		}
-		if err != nil {
-			return nil, api.BadRequest("Invalid %s value", ts)
-		}
-		switch op {
-		case "gt":
-			tests = append(tests, func(t time.Time) bool { return t.After(at) })
-		case "gte":
-			tests = append(tests, func(t time.Time) bool { return !t.Before(at) })
-		case "lt":
-			tests = append(tests, func(t time.Time) bool { return t.Before(at) })
-		case "lte":
-			tests = append(tests, func(t time.Time) bool { return !t.After(at) })
-		case "eq":
-			tests = append(tests, func(t time.Time) bool { return t.Equal(at) })
-		case "neq":
-			tests = append(tests, func(t time.Time) bool { return !t.Equal(at) })
-		default:
-			return nil, api.BadRequest("Invalid %s operator", op)
-		}
+		return nil
 	}
-	return func(t time.Time) bool {
-		for _, f := range tests {
-			if !f(t) {
-				return false
-			}
-		}
-		return true
-	}, nil
 }
 
-// visible loads the volumes a list shows: the caller's project's, or with
-// all_tenants every project's (admin; project_id narrows it), then the
-// filters of cinder/api/v3/volumes.py _get_volumes.
-func (s *Service) visible(r *http.Request) ([]*volRow, error) {
-	c := caller(r)
-	q := r.URL.Query()
-	where, args := "v.project_id = ?", []any{c.ProjectID}
-	if c.IsAdmin() {
-		if all, _ := parseBool(q.Get("all_tenants")); all {
-			where, args = "1 = 1", nil
-			if p := q.Get("project_id"); p != "" {
-				where, args = "v.project_id = ?", []any{p}
-			}
+func parseFilterTime(ts string) (at time.Time, err error) {
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999", "2006-01-02T15:04:05", "2006-01-02"} {
+		if at, err = time.Parse(layout, ts); err == nil {
+			break
 		}
 	}
-	vols, err := loadVols(r.Context(), s.db, where, args...)
+	return at, err
+}
+
+// timeCond compares col with at. Stored times are whole microseconds, so
+// against a time between two of them "after" is after the one before it,
+// and no stored time equals it.
+func timeCond(col, op string, at time.Time) (string, error) {
+	exact := at.Equal(at.Truncate(time.Microsecond))
+	switch op {
+	case "gt", "gte":
+		if op == "gt" || !exact {
+			return col + " > ?", nil
+		}
+		return col + " >= ?", nil
+	case "lt", "lte":
+		if op == "lte" || !exact {
+			return col + " <= ?", nil
+		}
+		return col + " < ?", nil
+	case "eq":
+		if !exact {
+			return "(" + col + " = ? AND 1 = 0)", nil
+		}
+		return col + " = ?", nil
+	case "neq":
+		if !exact {
+			return "(" + col + " <> ? OR 1 = 1)", nil
+		}
+		return col + " <> ?", nil
+	}
+	return "", api.BadRequest("Invalid %s operator", op)
+}
+
+// visible loads every volume a list's filters keep, for the summary.
+func (s *Service) visible(r *http.Request) ([]*volRow, error) {
+	vq, err := volumeFilters(r)
 	if err != nil {
 		return nil, err
 	}
-	mv := minor(r)
-	var tests []func(v *volRow) bool
-	for key, vals := range q {
-		val := vals[0]
-		switch key {
-		case "name", "display_name":
-			tests = append(tests, func(v *volRow) bool { return deref(v.Name) == val })
-		case "name~":
-			if mv >= 34 {
-				tests = append(tests, func(v *volRow) bool { return strings.Contains(deref(v.Name), val) })
-			}
-		case "status":
-			tests = append(tests, func(v *volRow) bool { return v.Status == val })
-		case "availability_zone":
-			tests = append(tests, func(v *volRow) bool { return v.Zone == val })
-		case "bootable":
-			b, ok := parseBool(val)
-			if !ok {
-				return nil, invalidInput("Invalid value '%s' for bootable: must be a boolean.", val)
-			}
-			tests = append(tests, func(v *volRow) bool { return v.Bootable == b })
-		case "volume_type", "volume_type_id":
-			tests = append(tests, func(v *volRow) bool { return v.TypeID == val || v.TypeName == val })
-		case "metadata":
-			var want map[string]string
-			if err := json.Unmarshal([]byte(strings.ReplaceAll(val, "'", `"`)), &want); err != nil {
-				return nil, invalidInput("Invalid filter metadata: %s", val)
-			}
-			tests = append(tests, func(v *volRow) bool {
-				for k, x := range want {
-					if v.Metadata[k] != x {
-						return false
-					}
-				}
-				return true
-			})
-		case "created_at", "updated_at":
-			if mv < 60 {
-				continue
-			}
-			f, err := timeFilter(key, val)
-			if err != nil {
-				return nil, err
-			}
-			if key == "created_at" {
-				tests = append(tests, func(v *volRow) bool { return f(v.CreatedAt) })
-			} else {
-				tests = append(tests, func(v *volRow) bool { return f(v.UpdatedAt) })
-			}
-		}
+	vq.page.Keys, vq.page.Limit = api.Keyset{{Col: "v.id"}}, -1
+	return s.scanVols(r.Context(), vq, 0, -1)
+}
+
+// scanVols reads the page's volumes that match the metadata filter,
+// skipping the first skip of them and stopping after n (-1: all).
+func (s *Service) scanVols(ctx context.Context, vq *volumeQuery, skip, n int) ([]*volRow, error) {
+	rows, err := s.db.Query(ctx, "SELECT "+volColumns+volFrom+" "+vq.page.SQL(), vq.page.Args...)
+	if err != nil {
+		return nil, err
 	}
-	out := vols[:0]
-	for _, v := range vols {
-		ok := true
-		for _, t := range tests {
-			if !t(v) {
-				ok = false
-				break
-			}
+	defer rows.Close()
+	var out []*volRow
+	for (n < 0 || len(out) < n) && rows.Next() {
+		v, err := scanVol(rows)
+		if err != nil {
+			return nil, err
 		}
-		if ok {
-			out = append(out, v)
+		if !vq.matches(v) {
+			continue
 		}
+		if skip > 0 {
+			skip--
+			continue
+		}
+		out = append(out, v)
 	}
-	return out, nil
+	return out, rows.Err()
 }
 
 // listVolumes is GET /volumes and /volumes/detail with Cinder's paging
-// (limit, marker, offset, sort) and volumes_links when a page is full.
+// (limit, marker, offset, sort) and volumes_links when more follow. The
+// page is read in SQL after the marker's sort values; only the metadata
+// filter is applied to the rows read.
 func (s *Service) listVolumes(detail bool) api.HandlerFunc {
 	return func(r *http.Request) (*api.Response, error) {
 		q := r.URL.Query()
@@ -631,76 +664,117 @@ func (s *Service) listVolumes(detail bool) api.HandlerFunc {
 		if err != nil {
 			return nil, err
 		}
-		limit, haveLimit, err := intParam(q, "limit")
+		limit, err := countRule("limit", maxLimit).Parse(q.Get("limit"), q.Has("limit"))
 		if err != nil {
 			return nil, err
 		}
-		offset, _, err := intParam(q, "offset")
+		offset, err := countRule("offset", 0).Parse(q.Get("offset"), q.Has("offset"))
 		if err != nil {
 			return nil, err
 		}
-		if !haveLimit || limit > maxLimit {
-			limit = maxLimit
-		}
-		vols, err := s.visible(r)
+		limit = min(limit, maxLimit)
+		vq, err := volumeFilters(r)
 		if err != nil {
 			return nil, err
 		}
-		sort.SliceStable(vols, func(i, j int) bool {
-			for _, k := range keys {
-				if c := k.cmp(vols[i], vols[j]); c != 0 {
-					return (c < 0) != k.desc
-				}
+		out := map[string]any{}
+		if withCount, _ := api.ParseBool(q.Get("with_count")); withCount && minor(r) >= 45 {
+			if out["count"], err = s.countVols(r.Context(), vq); err != nil {
+				return nil, err
 			}
-			return false
-		})
-		total := len(vols)
-		if m := q.Get("marker"); m != "" {
-			i := 0
-			for i < len(vols) && vols[i].ID != m {
-				i++
-			}
-			if i == len(vols) {
-				// cinder/exception.py MarkerNotFound
-				return nil, api.NotFound("Marker %s could not be found.", m)
-			}
-			vols = vols[i+1:]
 		}
-		vols = vols[min(offset, len(vols)):]
+		vq.page.Keys = keys
+		if err := s.afterMarker(r.Context(), vq, q.Get("marker")); err != nil {
+			return nil, err
+		}
+		// One more than the page tells whether another follows.
+		vq.page.Limit = -1
+		if vq.meta == nil {
+			vq.page.Limit = offset + limit + 1
+		}
+		vols, err := s.scanVols(r.Context(), vq, offset, limit+1)
+		if err != nil {
+			return nil, err
+		}
 		page := vols[:min(limit, len(vols))]
-		items := make([]map[string]any, 0, len(page))
-		for _, v := range page {
-			if detail {
-				items = append(items, view(r, v))
-			} else {
-				items = append(items, summaryView(r, v))
-			}
-		}
-		out := map[string]any{"volumes": items}
-		if len(page) > 0 && len(page) == limit && len(vols) > len(page) {
-			nq := url.Values{}
-			for k, vs := range q {
-				if k != "marker" && k != "offset" {
-					nq[k] = vs
-				}
-			}
-			nq.Set("limit", strconv.Itoa(limit))
-			nq.Set("marker", page[len(page)-1].ID)
-			path := "/volumes"
-			if detail {
-				path += "/detail"
-			}
-			p := ""
-			if pid := projectInURL(r); pid != "" {
-				p = "/" + pid
-			}
-			out["volumes_links"] = []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v3" + p + path + "?" + nq.Encode()}}
-		}
-		if withCount, _ := parseBool(q.Get("with_count")); withCount && minor(r) >= 45 {
-			out["count"] = total
+		out["volumes"] = volumeViews(r, page, detail)
+		if len(page) > 0 && len(vols) > len(page) {
+			out["volumes_links"] = nextVolumesLink(r, q, detail, limit, page[len(page)-1].ID)
 		}
 		return api.JSON(200, out), nil
 	}
+}
+
+// countVols is with_count's total (3.45): every volume the filters keep,
+// whatever the page.
+func (s *Service) countVols(ctx context.Context, vq *volumeQuery) (int, error) {
+	if vq.meta != nil {
+		p := *vq
+		p.page.Keys, p.page.Limit = api.Keyset{{Col: "v.id"}}, -1
+		vols, err := s.scanVols(ctx, &p, 0, -1)
+		return len(vols), err
+	}
+	where := ""
+	if len(vq.page.Where) > 0 {
+		where = " WHERE " + strings.Join(vq.page.Where, " AND ")
+	}
+	var n int
+	err := s.db.QueryRow(ctx, "SELECT COUNT(*)"+volFrom+where, vq.page.Args...).Scan(&n)
+	return n, err
+}
+
+// afterMarker narrows the page to the volumes after the marker's sort
+// values; the marker must be one the filters keep
+// (cinder/exception.py MarkerNotFound, 404).
+func (s *Service) afterMarker(ctx context.Context, vq *volumeQuery, marker string) error {
+	if marker == "" {
+		return nil
+	}
+	where := strings.Join(append(append([]string{}, vq.page.Where...), "v.id = ?"), " AND ")
+	args := append(append([]any{}, vq.page.Args...), marker)
+	if vq.meta != nil {
+		v, err := scanVol(s.db.QueryRow(ctx, "SELECT "+volColumns+volFrom+" WHERE "+where, args...))
+		if store.IsNoRows(err) || (err == nil && !vq.matches(v)) {
+			return api.NotFound("Marker %s could not be found.", marker)
+		} else if err != nil {
+			return err
+		}
+	}
+	vals, err := vq.page.Keys.MarkerValues(ctx, s.db, strings.TrimPrefix(volFrom, " FROM "), where, args...)
+	if errors.Is(err, store.ErrNotFound) {
+		return api.NotFound("Marker %s could not be found.", marker)
+	} else if err != nil {
+		return err
+	}
+	vq.page.AfterMarker(vals)
+	return nil
+}
+
+func volumeViews(r *http.Request, vols []*volRow, detail bool) []map[string]any {
+	items := make([]map[string]any, 0, len(vols))
+	for _, v := range vols {
+		if detail {
+			items = append(items, view(r, v))
+		} else {
+			items = append(items, summaryView(r, v))
+		}
+	}
+	return items
+}
+
+// nextVolumesLink is the next page's link, with the project id when the
+// client used one and the request's other parameters but offset.
+func nextVolumesLink(r *http.Request, q url.Values, detail bool, limit int, last string) []map[string]string {
+	path := "/volumes"
+	if detail {
+		path += "/detail"
+	}
+	p := ""
+	if pid := projectInURL(r); pid != "" {
+		p = "/" + pid
+	}
+	nq := api.NextQuery(q, map[string]string{"limit": strconv.Itoa(limit), "marker": last}, "marker", "offset")
+	return []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v3" + p + path + "?" + nq}}
 }
 
 // summary is GET /volumes/summary (3.12; metadata from 3.36).

@@ -9,12 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
 	"nimbus/internal/store"
+	"nimbus/internal/workqueue"
 )
 
 func (s *Service) dataPath(id string) string { return filepath.Join(s.dataDir, id) }
@@ -34,71 +34,74 @@ func (s *Service) Run(ctx context.Context) {
 	s.Close()
 }
 
+// The data work runs on a queue keyed by volume id (one worker per volume
+// at a time, as compute's reconcile loop does per server). volumeWorkers
+// bounds how many volumes are worked on at once; an outcome the store
+// failed to record is retried after workRetry, doubled per failure in a
+// row of the same volume up to workRetryMax.
+const (
+	volumeWorkers = 16
+	workRetry     = 500 * time.Millisecond
+	workRetryMax  = time.Minute
+)
+
+func (s *Service) startWorkers() {
+	s.queue = workqueue.New(workqueue.Config{Backoff: workRetry, MaxBackoff: workRetryMax})
+	s.queue.Work(volumeWorkers, func(id string) error { return s.process(s.ctx, id) })
+}
+
 // Close stops the work under way and waits for it.
 func (s *Service) Close() {
 	s.stop()
-	s.wg.Wait()
+	s.queue.Shutdown()
 }
 
 // kick runs the data work volume id's status asks for, in the background.
-func (s *Service) kick(id string) {
-	if s.ctx.Err() != nil {
-		return
-	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.process(s.ctx, id)
-	}()
-}
+func (s *Service) kick(id string) { s.queue.Add(id) }
 
 // process does what a volume's status asks: make its file (creating), grow
 // it (extending) or remove it and the row (deleting), then records the
-// outcome in one transaction. It is idempotent, and one volume is worked
-// on by one goroutine at a time.
-func (s *Service) process(ctx context.Context, id string) {
-	mu, _ := s.busy.LoadOrStore(id, &sync.Mutex{})
-	mu.(*sync.Mutex).Lock()
-	defer mu.(*sync.Mutex).Unlock()
+// outcome in one transaction. It is idempotent; an error (the store
+// failed) asks the queue to try again later.
+func (s *Service) process(ctx context.Context, id string) error {
 	v, err := getVol(ctx, s.db, id)
 	if err != nil {
-		if !errors.Is(err, store.ErrNotFound) && ctx.Err() == nil {
-			s.log.Warn("volume: reading volume failed", "volume", id, "error", err)
+		if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil {
+			return nil
 		}
-		s.busy.Delete(id)
-		return
+		s.log.Warn("volume: reading volume failed", "volume", id, "error", err)
+		return err
 	}
 	switch v.Status {
 	case StatusCreating:
 		werr := s.makeData(ctx, v)
 		if ctx.Err() != nil {
-			return // stopped: the next start resumes it
+			return nil // stopped: the next start resumes it
 		}
-		s.finish(ctx, v, werr, StatusCreating, func() { v.Status = StatusAvailable })
+		return s.finish(ctx, v, werr, StatusCreating, func() { v.Status = StatusAvailable })
 	case StatusExtending:
 		werr := s.grow(v.ID, v.NewSize)
-		s.finish(ctx, v, werr, StatusExtending, func() { v.Size, v.NewSize = max(v.Size, v.NewSize), 0 })
+		return s.finish(ctx, v, werr, StatusExtending, func() { v.Size, v.NewSize = max(v.Size, v.NewSize), 0 })
 	case StatusDeleting:
 		err := os.Remove(s.dataPath(v.ID))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Error("volume: removing data failed", "volume", v.ID, "error", err)
-			s.record(ctx, v, func(q store.Querier) error {
+			return s.record(ctx, v, func(q store.Querier) error {
 				_, err := s.setStatus(ctx, q, v, StatusErrorDeleting, err.Error(), StatusDeleting)
 				return err
 			})
-			return
 		}
-		s.record(ctx, v, func(q store.Querier) error {
+		return s.record(ctx, v, func(q store.Querier) error {
 			_, err := q.Exec(ctx, "DELETE FROM volumes WHERE id = ? AND status = ?", v.ID, StatusDeleting)
 			return err
 		})
-		s.busy.Delete(id)
 	}
+	return nil
 }
 
 // finish records the end of a create or extend: available with the change
 // applied, or the error status with the reason.
-func (s *Service) finish(ctx context.Context, v *volRow, werr error, from string, apply func()) {
+func (s *Service) finish(ctx context.Context, v *volRow, werr error, from string, apply func()) error {
 	status, reason := StatusAvailable, ""
 	if werr != nil {
 		s.log.Error("volume: data work failed", "volume", v.ID, "status", from, "error", werr)
@@ -109,17 +112,21 @@ func (s *Service) finish(ctx context.Context, v *volRow, werr error, from string
 	} else {
 		apply()
 	}
-	s.record(ctx, v, func(q store.Querier) error {
+	return s.record(ctx, v, func(q store.Querier) error {
 		_, err := s.setStatus(ctx, q, v, status, reason, from)
 		return err
 	})
 }
 
-func (s *Service) record(ctx context.Context, v *volRow, f func(q store.Querier) error) {
+// record writes a step's outcome in one transaction; an error is returned
+// for the queue to retry, unless the service is stopping.
+func (s *Service) record(ctx context.Context, v *volRow, f func(q store.Querier) error) error {
 	err := s.db.Tx(ctx, func(tx *store.Tx) error { return f(tx) })
 	if err != nil && ctx.Err() == nil {
 		s.log.Error("volume: recording status failed", "volume", v.ID, "error", err)
+		return err
 	}
+	return nil
 }
 
 // makeData makes a volume's file: sparse of its size, or the image's data
