@@ -100,8 +100,8 @@ type adminCommand struct {
 	setup func(a *adminRun, fs *flag.FlagSet) func(ctx context.Context, args []string) error
 }
 
-// adminGroups are the command groups: billing, host and image.
-var adminGroups = map[string]map[string]adminCommand{"billing": adminCommands, "host": hostCommands, "image": imageCommands}
+// adminGroups are the command groups: billing, host, image and support.
+var adminGroups = map[string]map[string]adminCommand{"billing": adminCommands, "host": hostCommands, "image": imageCommands, "support": supportCommands}
 
 // adminCommands are the billing commands.
 var adminCommands = map[string]adminCommand{

@@ -90,6 +90,12 @@ func serve(args []string) error {
 	fs.IntVar(&cfg.Ports.Billing, "billing-port", cfg.Ports.Billing, "billing API port")
 	fs.IntVar(&cfg.Ports.Agent, "agent-port", cfg.Ports.Agent, "agent API port, where host agents connect")
 	fs.IntVar(&cfg.Ports.Console, "console-port", cfg.Ports.Console, "console proxy (noVNC websocket) port")
+	fs.IntVar(&cfg.Ports.Panel, "panel-port", cfg.Ports.Panel, "web control panel (HTTPS) port")
+	fs.StringVar(&cfg.Panel.SMTPURL, "smtp-url", os.Getenv("NIMBUS_SMTP_URL"), "smtp://user:password@host:port?from=address for the panel's e-mail (sign-up verification, password reset); default: the links are written to the log (env NIMBUS_SMTP_URL)")
+	fs.StringVar(&cfg.Panel.Support.Messenger, "support-messenger", "", "the operator's messenger contact shown on the panel's support page, until changed there or with nimbus admin support")
+	fs.StringVar(&cfg.Panel.Support.Email, "support-email", "", "the operator's support e-mail address shown on the panel")
+	fs.StringVar(&cfg.Panel.Support.Phone, "support-phone", "", "the operator's support telephone shown on the panel")
+	fs.StringVar(&cfg.Panel.Support.Hours, "support-hours", "", "the operator's support hours shown on the panel")
 	fs.BoolVar(&cfg.NoLocalAgent, "no-local-agent", false, "run the controller alone: no local agent with the fake fleet; hosts come from nimbus agent")
 	fs.DurationVar(&cfg.DownAfter, "down-after", fleet.DefaultDownAfter, "a host not heard from for this long is down")
 	fs.DurationVar(&cfg.AgentHeartbeat, "heartbeat", 10*time.Second, "how often the local agent reports")
@@ -119,7 +125,7 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.Billing.Currency, "billing-currency", "RUB", "ISO 4217 code of all amounts")
 	fs.Int64Var(&cfg.Billing.MinTopup, "billing-min-topup", 10000, "smallest top-up, in minor units (10000 = 100.00)")
 	fs.Int64Var(&cfg.Billing.DefaultCreditLimit, "billing-credit-limit", 0, "credit limit of new accounts, in minor units")
-	fs.StringVar(&cfg.Billing.PresentationCurrency, "billing-presentation-currency", "", "a second currency shown beside amounts, e.g. USD")
+	fs.StringVar(&cfg.Billing.PresentationCurrency, "billing-presentation-currency", "USD", "a second currency shown beside amounts, as the spec's English presentation does (empty: none)")
 	fs.StringVar(&cfg.Billing.PresentationRate, "billing-presentation-rate", "0.011", "major units of the presentation currency per major unit of the billing currency")
 	fs.Int64Var(&cfg.Billing.MaxTopup, "billing-max-topup", 100_000_000, "largest top-up, in minor units (100000000 = 1,000,000.00)")
 	fs.Int64Var(&cfg.Billing.MaxBalance, "billing-max-balance", 10_000_000_000, "largest balance a credit may bring an account to, in minor units (10000000000 = 100,000,000.00)")
@@ -176,6 +182,7 @@ func serve(args []string) error {
   billing   %s
   agents    %s
   console   %s
+  panel     %s  (the demo customer signs in as %s, password in %s)
   driver    %s
   CA file   %s
   clouds    %s  (clouds nimbus-admin and nimbus-demo)
@@ -184,7 +191,7 @@ Try:
   export OS_CLIENT_CONFIG_FILE=%s
   openstack --os-cloud nimbus-demo server list
 `, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.VolumeURL, c.BillingURL, c.AgentURL, c.ConsoleURL,
-		driverLine(c, cfg), c.CACertFile, c.CloudsFile, c.CloudsFile)
+		c.PanelURL, cloud.DemoUser, filepath.Join(cfg.DataDir, "secrets.json"), driverLine(c, cfg), c.CACertFile, c.CloudsFile, c.CloudsFile)
 	log.Info("nimbus started", "data_dir", cfg.DataDir, "identity", c.IdentityURL, "clouds_yaml", c.CloudsFile)
 	<-ctx.Done()
 	log.Info("nimbus stopping")

@@ -37,6 +37,7 @@ import (
 	"nimbus/internal/identity"
 	"nimbus/internal/image"
 	"nimbus/internal/network"
+	"nimbus/internal/panel"
 	"nimbus/internal/pki"
 	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
@@ -103,7 +104,9 @@ type Config struct {
 	Identity identity.Limits
 	// HTTP bounds what slow or numerous connections can hold.
 	HTTP HTTPLimits
-	Log  *slog.Logger
+	// Panel configures the web panel.
+	Panel PanelOptions
+	Log   *slog.Logger
 }
 
 // HTTPLimits bound what slow or numerous connections can hold on every
@@ -164,6 +167,8 @@ type Cloud struct {
 	// at once with Agent.Heartbeat.
 	Agent *agent.Agent
 	Fake  *fake.Driver
+	// Panel is the web control panel.
+	Panel *panel.Panel
 	// URLs of the services as put in the catalog, and of the agent API;
 	// ConsoleURL is the console proxy's base URL, PanelURL the web panel's.
 	IdentityURL, ComputeURL, ImageURL, NetworkURL, VolumeURL, BillingURL, AgentURL, ConsoleURL, PanelURL string
@@ -226,7 +231,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		name string
 		port int
 	}{{"identity", cfg.Ports.Identity}, {"compute", cfg.Ports.Compute}, {"image", cfg.Ports.Image}, {"network", cfg.Ports.Network},
-		{"volume", cfg.Ports.Volume}, {"billing", cfg.Ports.Billing}, {"agent", cfg.Ports.Agent}, {"console", cfg.Ports.Console}} {
+		{"volume", cfg.Ports.Volume}, {"billing", cfg.Ports.Billing}, {"agent", cfg.Ports.Agent}, {"console", cfg.Ports.Console}, {"panel", cfg.Ports.Panel}} {
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Listen, strconv.Itoa(p.port)))
 		if err != nil {
 			for _, l := range lns {
@@ -251,6 +256,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.VolumeURL = url("volume", "/v3")
 	c.BillingURL = url("billing", "")
 	c.ConsoleURL = url("console", "")
+	c.PanelURL = url("panel", "")
 	agentPort := strconv.Itoa(lns["agent"].Addr().(*net.TCPAddr).Port)
 	c.AgentURL = "https://" + net.JoinHostPort(cfg.PublicHost, agentPort)
 
@@ -283,6 +289,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		{Type: "volumev3", Name: "cinderv3", URL: c.VolumeURL},
 		{Type: "block-storage", Name: "cinder", URL: c.VolumeURL},
 		{Type: "billing", Name: "nimbus-billing", URL: c.BillingURL},
+		{Type: "dashboard", Name: "nimbus-panel", URL: c.PanelURL},
 	})
 	c.Images = image.New(db, filepath.Join(cfg.DataDir, "images"))
 	bcfg := cfg.Billing
@@ -349,6 +356,11 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		"console": console.New(console.Config{Tokens: c.Compute.ConsoleTokens(), Context: runCtx,
 			Log: cfg.Log.With("component", "console")}),
 	}
+	if c.Panel, err = c.newPanel(); err != nil {
+		closeAll(lns)
+		return nil, err
+	}
+	handlers["panel"] = c.Panel.Handler()
 	// Keystone itself names its versioned URL in WWW-Authenticate; the other
 	// services' keystonemiddleware names the root (wire captures 08, 09, 40).
 	handlers["identity"].(*api.Service).AuthURL = c.IdentityURL
@@ -356,7 +368,8 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	for name, ln := range lns {
 		c.serve(name, ln, withOps(handlers[name], ops), tlsCfg)
 	}
-	c.wg.Add(4)
+	c.wg.Add(5)
+	go func() { defer c.wg.Done(); c.Panel.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Volumes.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Billing.Run(runCtx) }()

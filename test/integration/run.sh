@@ -269,6 +269,11 @@ cli_basics() {
 		jcheck "catalog endpoints are in RegionOne" \
 			'all(e["region"]=="RegionOne" for s in d for e in s["Endpoints"])'
 
+	# The web panel answers on its port over the same TLS, and is in the catalog.
+	ok "catalog list" demo catalog list -f json &&
+		jcheck "catalog lists the panel" '"dashboard" in {s["Type"] for s in d}'
+	ok "panel landing page" curl -fsS --cacert "$WORK/data/ca.pem" "https://127.0.0.1:8443/" &&
+		eq "panel landing page names Nimbus" "grep Nimbus" "yes" "$([[ "$OUT" == *"<title>Nimbus"* ]] && echo yes || echo no)"
 	# The billing API takes the same Keystone tokens (its URL is in the catalog).
 	if ok "token for billing" demo token issue -f value -c id; then
 		BTOKEN=$OUT

@@ -1,0 +1,55 @@
+package cloud
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"nimbus/internal/billing"
+	"nimbus/internal/panel"
+)
+
+// PanelOptions configure the web panel.
+type PanelOptions struct {
+	// SMTPURL is where the panel's e-mail goes; empty logs the links.
+	SMTPURL string
+	// Support is the operator's contacts until changed in the panel.
+	Support panel.Support
+}
+
+// newPanel makes the web panel. It calls the services' public URLs over
+// HTTPS like any client, trusting the cloud's CA.
+func (c *Cloud) newPanel() (*panel.Panel, error) {
+	cfg := c.Config
+	pem, err := os.ReadFile(c.CACertFile)
+	if err != nil {
+		return nil, fmt.Errorf("cloud: panel: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, MaxIdleConnsPerHost: 64,
+		ForceAttemptHTTP2: true,
+	}}
+	money := panel.Money{Currency: cfg.Billing.Currency, Presentation: cfg.Billing.PresentationCurrency}
+	if money.Currency == "" {
+		money.Currency = "RUB"
+	}
+	if money.Presentation != "" {
+		if money.Rate, err = billing.ParseRate(cfg.Billing.PresentationRate); err != nil {
+			money.Presentation = "" // billing logs the bad rate and shows none either
+		}
+	}
+	return panel.New(panel.Config{
+		DB: c.DB, Identity: c.Identity, Compute: c.Compute, Billing: c.Billing, HTTPClient: hc,
+		URLs: map[string]string{
+			panel.Identity: c.IdentityURL, panel.Compute: c.ComputeURL, panel.Image: c.ImageURL,
+			panel.Network: c.NetworkURL, panel.Volume: c.VolumeURL, panel.Billing: c.BillingURL,
+		},
+		ConsoleURL: c.ConsoleURL, PublicURL: c.PanelURL, Money: money,
+		SMTPURL: cfg.Panel.SMTPURL, Support: cfg.Panel.Support, TestPayments: cfg.Billing.TestPayments, TokenTTL: cfg.TokenTTL, Log: cfg.Log.With("component", "panel"),
+	})
+}
