@@ -403,23 +403,6 @@ func digits(s string) bool {
 	return true
 }
 
-// parallel runs calls at once and answers the first one's error.
-func parallel(calls ...func() error) error {
-	errs := make([]error, len(calls))
-	var wg sync.WaitGroup
-	for i, f := range calls {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = f() }()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // bannerTTL is how long a session's banners are reused: the warnings
 // change at most once per charging pass, so a few seconds cost nothing
 // and keep the API calls per page at most one.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 )
 
 // Services names the APIs the panel calls, by catalog type.
@@ -193,5 +194,23 @@ func (c *Client) RevokeOwn(ctx context.Context) error {
 		return err
 	}
 	resp.Body.Close()
+	return nil
+}
+
+// parallel runs API calls at once, as a page's independent reads are, and
+// answers the first one's error in the calls' order.
+func parallel(calls ...func() error) error {
+	errs := make([]error, len(calls))
+	var wg sync.WaitGroup
+	for i, f := range calls {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = f() }()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }

@@ -179,23 +179,6 @@ func (q *req) statusText(status, task string) string {
 	return s
 }
 
-// atOnce runs fns at once and returns the first error, in fns' order.
-func atOnce(fns ...func() error) error {
-	errs := make([]error, len(fns))
-	var wg sync.WaitGroup
-	for i, f := range fns {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = f() }()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // serverRow is one line of the list, its text made ahead so that 1,000
 // rows render quickly.
 type serverRow struct {
@@ -253,7 +236,7 @@ func (p *Panel) serverList(q *req) error {
 	var osOf map[string]string
 	var mu sync.Mutex
 	costs := map[string]int64{}
-	err := atOnce(
+	err := parallel(
 		func() error { return q.api.Get(ctx, Compute, path, &list) },
 		func() (err error) { osOf, err = p.imageOS(q); return err },
 		func() error { return p.costs(q, monthStart(p.cfg.Now()), &mu, costs) },
@@ -267,7 +250,7 @@ func (p *Panel) serverList(q *req) error {
 	}
 	var prices map[priceKey]int64
 	var from time.Time
-	err = atOnce(
+	err = parallel(
 		func() (err error) { prices = p.hourlyPrices(q, list.Servers, osOf); return nil },
 		func() (err error) { from, err = p.earlierCosts(q, list.Servers, &mu, costs); return err },
 	)
@@ -349,7 +332,7 @@ func (p *Panel) hourlyPrices(q *req, servers []apiServer, osOf map[string]string
 			return nil
 		})
 	}
-	atOnce(fns...)
+	parallel(fns...)
 	return out
 }
 
@@ -420,7 +403,7 @@ func (p *Panel) earlierCosts(q *req, servers []apiServer, mu *sync.Mutex, out ma
 	for m := first; m.Before(this); m = m.AddDate(0, 1, 0) {
 		fns = append(fns, func() error { return p.costs(q, m, mu, out) })
 	}
-	return first, atOnce(fns...)
+	return first, parallel(fns...)
 }
 
 // statusEntry is one server's live status.
@@ -571,7 +554,7 @@ func (p *Panel) serverPage(q *req) error {
 	var flavors struct {
 		Flavors []apiFlavor `json:"flavors"`
 	}
-	err := atOnce(
+	err := parallel(
 		func() error { return optional(q.api.Get(ctx, Compute, base+"/access", &access)) },
 		func() error { return optional(q.api.Get(ctx, Compute, base+"/os-server-password", &pw)) },
 		func() error { return optional(q.api.Get(ctx, Compute, base+"/os-instance-actions?limit=20", &acts)) },

@@ -62,12 +62,17 @@ func sealKey(secret string) []byte {
 	return h[:]
 }
 
-func seal(secret, plain string) (string, error) {
+// aead is AES-GCM under a cookie's sealing key.
+func aead(secret string) (cipher.AEAD, error) {
 	block, err := aes.NewCipher(sealKey(secret))
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	gcm, err := cipher.NewGCM(block)
+	return cipher.NewGCM(block)
+}
+
+func seal(secret, plain string) (string, error) {
+	gcm, err := aead(secret)
 	if err != nil {
 		return "", err
 	}
@@ -83,11 +88,7 @@ func unseal(secret, sealed string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	block, err := aes.NewCipher(sealKey(secret))
-	if err != nil {
-		return "", err
-	}
-	gcm, err := cipher.NewGCM(block)
+	gcm, err := aead(secret)
 	if err != nil {
 		return "", err
 	}
