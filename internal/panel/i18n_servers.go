@@ -2,6 +2,7 @@ package panel
 
 func init() {
 	addRU(map[string]string{
+		"Show up to 1,000 at once":         "Показать до 1000 сразу",
 		"Action history":                   "История действий",
 		"Action":                           "Действие",
 		"Actions":                          "Действия",

@@ -209,13 +209,20 @@ type serverListData struct {
 	RowsHTML template.HTML
 	// Since is when the list was read, for the live status's changes-since.
 	Since string
-	// Next is the marker of the next page when there is one.
-	Next string
+	// Next is the marker of the next page when there is one, of Limit
+	// servers.
+	Next  string
+	Limit int
 	// CostFrom is the first month the costs count.
 	CostFrom string
 }
 
-// serverList is GET /servers: one page of up to 1,000 servers, read with
+// serverPage is how many servers a list page shows unless ?limit= (up to
+// Nova's 1,000) asks for more.
+const serverPage = 100
+
+// serverList is GET /servers: one page of servers (?limit=, 100 unless
+// asked, up to 1,000), read with
 // one list call, at once with the image list (for each image's OS, which
 // its price depends on) and this month's usage; then one quote per
 // distinct flavor and OS, and the usage of earlier months since the oldest
@@ -223,7 +230,11 @@ type serverListData struct {
 func (p *Panel) serverList(q *req) error {
 	ctx := q.r.Context()
 	since := p.cfg.Now().Add(-2 * time.Second).UTC().Format(time.RFC3339)
-	path := "/servers/detail?limit=1000"
+	limit := serverPage
+	if v, err := strconv.Atoi(q.r.URL.Query().Get("limit")); err == nil && v >= 1 && v <= 1000 {
+		limit = v
+	}
+	path := "/servers/detail?limit=" + strconv.Itoa(limit)
 	if m := q.r.URL.Query().Get("marker"); m != "" {
 		path += "&marker=" + url.QueryEscape(m)
 	}
@@ -244,7 +255,7 @@ func (p *Panel) serverList(q *req) error {
 	if err != nil {
 		return err
 	}
-	d := serverListData{Since: since, Rows: make([]serverRow, 0, len(list.Servers))}
+	d := serverListData{Since: since, Limit: limit, Rows: make([]serverRow, 0, len(list.Servers))}
 	if len(list.Links) > 0 && len(list.Servers) > 0 {
 		d.Next = list.Servers[len(list.Servers)-1].ID
 	}
