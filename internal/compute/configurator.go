@@ -547,3 +547,23 @@ func plural(n int, word string) string {
 }
 
 func lowerFirst(s string) string { return strings.ToLower(s[:1]) + s[1:] }
+
+// HostGPUs is each host's GPU devices by model, the inventory the
+// operator's hosts page shows beside what servers hold (the Nova API has
+// no GPU inventory to read it from).
+func (s *Service) HostGPUs(ctx context.Context) (map[string]map[string]int, error) {
+	hosts, _, err := s.hostSets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]int{}
+	for _, h := range hosts {
+		for _, g := range h.GPUs {
+			if out[h.Name] == nil {
+				out[h.Name] = map[string]int{}
+			}
+			out[h.Name][g.Model]++
+		}
+	}
+	return out, nil
+}

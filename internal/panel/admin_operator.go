@@ -78,10 +78,11 @@ type serviceBody struct {
 	ForcedDown bool    `json:"forced_down"`
 }
 
-// gpuUse is a GPU model and how many of its devices servers hold.
+// gpuUse is a GPU model, how many of its devices servers hold, and how
+// many there are.
 type gpuUse struct {
-	Model string
-	Used  int
+	Model       string
+	Used, Total int
 }
 
 // hostRow is one hypervisor as the hosts page shows it.
@@ -110,8 +111,11 @@ func (p *Panel) hostsPage(q *req) error {
 	ctx := q.r.Context()
 	var hvs []hypervisorBody
 	var svcs map[string]serviceBody
-	var gpus map[string]map[string]int
+	var gpus, inventory map[string]map[string]int
 	err := parallel(
+		// The GPU inventory is compute's, read in-process: the operator's
+		// page sees devices, not any customer's data.
+		func() (err error) { inventory, err = p.cfg.Compute.HostGPUs(ctx); return err },
 		func() (err error) { hvs, err = listHypervisors(ctx, q.api.atCompute(capacityMicroversion)); return err },
 		func() (err error) { svcs, err = computeServices(ctx, q.api); return err },
 		func() (err error) { gpus, err = gpusInUse(ctx, q.api); return err },
@@ -120,7 +124,7 @@ func (p *Panel) hostsPage(q *req) error {
 		return err
 	}
 	d := hostsData{}
-	fleetGPUs := map[string]int{}
+	fleetGPUs, fleetTotal := map[string]int{}, map[string]int{}
 	for _, h := range hvs {
 		row := hostRow{hypervisorBody: h, Up: h.State == "up", Enabled: h.Status == "enabled"}
 		if h.Service.Reason != nil {
@@ -132,9 +136,10 @@ func (p *Panel) hostsPage(q *req) error {
 				row.LastSeen = p.seen(q, *s.UpdatedAt)
 			}
 		}
-		row.GPUs = sortedGPUs(gpus[h.Service.Host])
+		row.GPUs = sortedGPUs(gpus[h.Service.Host], inventory[h.Service.Host])
 		for _, g := range row.GPUs {
 			fleetGPUs[g.Model] += g.Used
+			fleetTotal[g.Model] += g.Total
 		}
 		d.Hosts = append(d.Hosts, row)
 		t := &d.Totals
@@ -147,7 +152,7 @@ func (p *Panel) hostsPage(q *req) error {
 		t.MemoryMBUsed += h.MemUse
 		t.Servers += h.Servers
 	}
-	d.Totals.GPUs = sortedGPUs(fleetGPUs)
+	d.Totals.GPUs = sortedGPUs(fleetGPUs, fleetTotal)
 	sort.Slice(d.Hosts, func(i, j int) bool { return d.Hosts[i].Name < d.Hosts[j].Name })
 	return q.render("admin_hosts", q.T("Hosts"), d)
 }
@@ -178,10 +183,16 @@ func b2i(b bool) int {
 	return 0
 }
 
-func sortedGPUs(m map[string]int) []gpuUse {
-	out := make([]gpuUse, 0, len(m))
-	for model, n := range m {
-		out = append(out, gpuUse{Model: model, Used: n})
+// sortedGPUs joins the devices in use and those there are, by model.
+func sortedGPUs(used, total map[string]int) []gpuUse {
+	out := make([]gpuUse, 0, len(total))
+	for model, n := range total {
+		out = append(out, gpuUse{Model: model, Used: used[model], Total: n})
+	}
+	for model, n := range used {
+		if _, ok := total[model]; !ok {
+			out = append(out, gpuUse{Model: model, Used: n})
+		}
 	}
 	slices.SortFunc(out, func(a, b gpuUse) int { return strings.Compare(a.Model, b.Model) })
 	return out

@@ -242,7 +242,8 @@ func TestOperatorBrowser(t *testing.T) {
 		}
 	}
 
-	// Hosts: the GPU host holds the server's 8 pCPUs and its L4.
+	// Hosts: the GPU host holds the server's 8 pCPUs and its L4, of the
+	// GPUs its agent reports.
 	b.open("/admin/hosts")
 	b.axe()
 	b.shot("admin-hosts")
@@ -250,13 +251,13 @@ func TestOperatorBrowser(t *testing.T) {
 	if got := b.text(gpuRow + ` td[data-col="pcpus"]`); got != "8 / 96" {
 		t.Errorf("GPU host pCPUs %q, want 8 / 96", got)
 	}
-	if got := b.text(gpuRow + ` td[data-col="gpus"]`); got != "L4: 1" {
-		t.Errorf("GPU host GPUs %q, want L4: 1", got)
+	if got := b.text(gpuRow + ` td[data-col="gpus"]`); got != "A100 80GB: 0 / 4 L4: 1 / 2" {
+		t.Errorf("GPU host GPUs %q, want A100 80GB: 0 / 4 L4: 1 / 2", got)
 	}
 	if got := b.text(`#hosts tr[data-host="fake-host-1"] td[data-col="pcpus"]`); got != "0 / 64" {
 		t.Errorf("fake-host-1 pCPUs %q, want 0 / 64", got)
 	}
-	if got := b.text("#fleet"); !strings.Contains(got, "8 / 352") || !strings.Contains(got, "L4: 1") || !strings.Contains(got, "5 / 5") {
+	if got := b.text("#fleet"); !strings.Contains(got, "8 / 352") || !strings.Contains(got, "L4: 1 / 2") || !strings.Contains(got, "5 / 5") {
 		t.Errorf("fleet totals %q", got)
 	}
 
