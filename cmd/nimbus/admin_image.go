@@ -37,23 +37,31 @@ import (
 // Glance v2 API with an OpenStack user's credentials, as the openstack CLI
 // would do it.
 var imageCommands = map[string]adminCommand{
-	"import": {args: "<file> [--name NAME] [--disk-format F] [--property k=v ...] [--replace]", nargs: 1,
+	"list": imageListCommand,
+	"import": {args: "<file|URL> [--checksums URL [--signature URL --keyring FILE]] [--name NAME] [--property k=v ...] [--replace]", nargs: 1,
 		help: "Uploads a local cloud image file (qcow2, raw, iso; aki or ari kernel and ramdisk files) to the\n" +
 			"image service through the Glance v2 API, showing progress on stderr, and checks that the\n" +
 			"service stored exactly the file (size and MD5 checksum). A failed or interrupted upload\n" +
 			"deletes the image it made.\n\n" +
+			"Given an http(s) URL instead of a file, it downloads the vendor's image first, into\n" +
+			"${XDG_CACHE_HOME:-~/.cache}/nimbus/downloads, resuming an interrupted download (by an HTTP\n" +
+			"Range request, also on a rerun) and verifying it against the vendor's checksum list --checksums\n" +
+			"(SHA256SUMS or SHA512SUMS, GNU or BSD lines), and that list's detached signature --signature\n" +
+			"with gpgv against --keyring when given. A mismatch is refused: the download is deleted and\n" +
+			"no image is made. --cacert trusts a mirror's own CA.\n\n" +
 			"The disk format is detected unless given: qcow2 by its magic, iso by its volume descriptor,\n" +
 			"else raw; aki and ari only when given (their container format follows).\n\n" +
 			"Credentials are those of the openstack CLI: cloud --os-cloud of the clouds.yaml --clouds\n" +
 			"(by default the one \"nimbus serve\" wrote into --data-dir), or the OS_* variables of an\n" +
 			"openrc file (OS_AUTH_URL, OS_USERNAME, OS_PASSWORD, OS_PROJECT_NAME, OS_CACERT, ...) when\n" +
 			"OS_AUTH_URL is set and neither --os-cloud, --clouds, --data-dir nor OS_CLOUD is.\n\n" +
-			"--replace swaps an image for a new upload, such as a catalog image whose data is still a\n" +
-			"placeholder (nimbus_placeholder=true): the new image takes the properties, min_disk, min_ram\n" +
-			"and visibility of the newest image of that name the project owns (unless given here; not\n" +
-			"nimbus_placeholder), and once it is active every image of that name the project owns is\n" +
-			"deleted. The new image has a new id. Without --replace a second image of the same name is\n" +
-			"made, as Glance allows.",
+			"--replace swaps the data of the newest image of that name the project owns, such as a catalog\n" +
+			"image whose data is still a placeholder (nimbus_placeholder=true), for the new upload: the\n" +
+			"image keeps its id, name, properties and visibility (the placeholder mark goes), so flavors,\n" +
+			"quotes and references keep working; other images of that name the project owns are deleted.\n" +
+			"The data goes to a staging image first, swapped in by the admin-only nimbus-replace-data\n" +
+			"action; without the admin role the staging image takes the old one's properties and place\n" +
+			"under a new id. Without --replace a second image of the same name is made, as Glance allows.",
 		setup: func(a *adminRun, fs *flag.FlagSet) func(context.Context, []string) error {
 			o := &importOptions{props: kvFlag{}, set: map[string]bool{}}
 			fs.StringVar(&o.cloud, "os-cloud", envOr("OS_CLOUD", "nimbus-admin"), "cloud to use from the clouds file (env OS_CLOUD)")
@@ -66,7 +74,11 @@ var imageCommands = map[string]adminCommand{
 			fs.IntVar(&o.minRAM, "min-ram", 0, "smallest RAM, in MB, the image boots with")
 			fs.Var(o.props, "property", "an image property key=value, repeatable (os_type=linux, login_user=debian, kernel_id=…,\nramdisk_id=…, os_command_line=…, hw_cdrom_bus=…, img_config_drive=mandatory)")
 			fs.StringVar(&o.osType, "os-type", "", "linux or windows: the os_type property")
-			fs.BoolVar(&o.replace, "replace", false, "replace the project's images of this name once the new one is active (see above)")
+			fs.BoolVar(&o.replace, "replace", false, "replace the data of the project's image of this name, keeping its id (see above)")
+			fs.StringVar(&o.checksums, "checksums", "", "with a URL: the vendor's checksum list (SHA256SUMS, SHA512SUMS) to verify against")
+			fs.StringVar(&o.signature, "signature", "", "with a URL: the checksum list's detached OpenPGP signature (SHA256SUMS.sign, .gpg, .asc)")
+			fs.StringVar(&o.keyring, "keyring", "", "the vendor's public keys that --signature is checked against (gpgv --keyring)")
+			fs.StringVar(&o.cacert, "cacert", "", "with a URL: a PEM CA certificate to trust besides the system's")
 			return func(ctx context.Context, args []string) error {
 				fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 				return a.imageImport(ctx, args[0], o)
@@ -84,6 +96,8 @@ type importOptions struct {
 	props                       kvFlag
 	osType                      string
 	set                         map[string]bool
+	// An import from a URL.
+	checksums, signature, keyring, cacert string
 }
 
 // kvFlag is a repeatable key=value flag.
@@ -245,12 +259,23 @@ type importedImage struct {
 var importProgressHook func(sent, total int64)
 
 func (a *adminRun) imageImport(ctx context.Context, path string, o *importOptions) (err error) {
+	label := path // what names the image and the messages
+	if isImageURL(path) {
+		local, remove, err := a.fetchImage(ctx, path, o)
+		if err != nil {
+			return err
+		}
+		defer remove()
+		label, path = pathBase(path), local
+	} else if o.checksums != "" || o.signature != "" {
+		return errors.New("--checksums and --signature verify a download: give a URL")
+	}
 	f, size, head, err := openImageFile(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	plan, err := o.plan(path, head)
+	plan, err := o.plan(label, head)
 	if err != nil {
 		return err
 	}
@@ -307,6 +332,12 @@ func (a *adminRun) imageImport(ctx context.Context, path string, o *importOption
 		}
 	}
 	create.Visibility = &vis
+	if len(old) > 0 {
+		// A staging image: out of customers' sight until its data is
+		// swapped into the old image (or, for a non-admin, it is shown).
+		private, hidden := images.ImageVisibilityPrivate, true
+		create.Visibility, create.Hidden = &private, &hidden
+	}
 	for k, v := range plan.props {
 		create.Properties[k] = v
 	}
@@ -332,7 +363,7 @@ func (a *adminRun) imageImport(ctx context.Context, path string, o *importOption
 		err = fmt.Errorf("%w; deleted the incomplete image %s", err, img.ID)
 	}()
 
-	fmt.Fprintf(a.stderr, "uploading %s (%s, %s) to image %s %q\n", path, formatBytes(size, size), plan.diskFormat, img.ID, plan.name)
+	fmt.Fprintf(a.stderr, "uploading %s (%s, %s) to image %s %q\n", label, formatBytes(size, size), plan.diskFormat, img.ID, plan.name)
 	bar := newProgressBar(a.stderr, size)
 	body := &uploadReader{r: io.NewSectionReader(f, 0, size), size: size, md5: md5.New(), bar: bar, hook: importProgressHook}
 	err = imagedata.Upload(ctx, client, img.ID, body).ExtractErr()
@@ -351,10 +382,30 @@ func (a *adminRun) imageImport(ctx context.Context, path string, o *importOption
 	sum := body.sum()
 	if got.SizeBytes != size || got.Checksum != sum {
 		return fmt.Errorf("the image service stored %d bytes with MD5 %s, but %s has %d bytes with MD5 %s",
-			got.SizeBytes, orDash(got.Checksum), path, size, sum)
+			got.SizeBytes, orDash(got.Checksum), label, size, sum)
 	}
+	if len(old) > 0 {
+		swapped, err := replaceImageData(ctx, client, old[0].ID, got.ID)
+		switch {
+		case err == nil:
+			// The old image holds the data now; the staging one is gone.
+			if swapped, err = applyGiven(ctx, client, swapped, plan.props, o); err != nil {
+				return keepImageError{fmt.Errorf("imported into image %s, but could not set what was given: %s", swapped.ID, apiMessage(err))}
+			}
+			return a.deleteReplaced(ctx, client, swapped, []string{swapped.ID}, old[1:])
+		case !gophercloud.ResponseCodeIs(err, http.StatusForbidden):
+			return fmt.Errorf("swap the new data into image %s: %s", old[0].ID, apiMessage(err))
+		}
+		// Not an admin: the staging image, shown, replaces the old ones.
+		if got, err = showStaging(ctx, client, got.ID, vis); err != nil {
+			return fmt.Errorf("show the new image: %s", apiMessage(err))
+		}
+	}
+	return a.deleteReplaced(ctx, client, got, nil, old)
+}
 
-	var replaced []string
+// deleteReplaced deletes the images old that got replaces and prints got.
+func (a *adminRun) deleteReplaced(ctx context.Context, client *gophercloud.ServiceClient, got *images.Image, replaced []string, old []images.Image) error {
 	for _, im := range old {
 		if derr := images.Delete(ctx, client, im.ID).ExtractErr(); derr != nil && !gophercloud.ResponseCodeIs(derr, http.StatusNotFound) {
 			// The new image is good: keep it, and say what is left.

@@ -16,6 +16,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -190,14 +191,16 @@ func TestImageImport(t *testing.T) {
 
 		t.Run("replace", func(t *testing.T) {
 			small, _ := imageFile(t, "small.raw", 10<<10, nil, 0)
-			var first importOutput
+			var ids []string
 			for range 2 { // duplicates are allowed without --replace
 				stdout, _, err := importImage(ctx, small, "--name", "rep", "--property", "login_user=alice", "--min-disk", "2",
 					"--data-dir", dir, "--json")
 				if err != nil {
 					t.Fatal(err)
 				}
+				var first importOutput
 				json.Unmarshal([]byte(stdout), &first)
+				ids = append(ids, first.Image.ID)
 			}
 			if n := len(imagesNamed(t, admin, "rep")); n != 2 {
 				t.Fatalf("%d images named rep, want 2", n)
@@ -209,26 +212,26 @@ func TestImageImport(t *testing.T) {
 			var out importOutput
 			json.Unmarshal([]byte(stdout), &out)
 			left := imagesNamed(t, admin, "rep")
-			if len(left) != 1 || left[0].ID != out.Image.ID || len(out.Replaced) != 2 {
-				t.Fatalf("after --replace: %d images, output %+v", len(left), out)
+			// One of the two keeps its id with the new data, the other goes.
+			if len(left) != 1 || left[0].ID != out.Image.ID || len(out.Replaced) != 2 || out.Replaced[0] != left[0].ID ||
+				left[0].Checksum != rawSum || !slices.Contains(ids, left[0].ID) {
+				t.Fatalf("after --replace: %+v, output %+v, old ids %v", left, out, ids)
 			}
 			// The replacement keeps what the image said of itself.
 			if left[0].Properties["login_user"] != "alice" || left[0].MinDiskGigabytes != 2 || left[0].Visibility != "private" {
 				t.Fatalf("replacement %+v", left[0])
 			}
 
-			// A catalog placeholder becomes a real image: the catalog's
-			// properties and visibility stay, the placeholder mark goes.
+			// A catalog placeholder becomes a real image under its id: the
+			// catalog's properties and visibility stay, the placeholder
+			// mark goes.
 			stdout, _, err = importImage(ctx, qcow, "--name", "Debian 12", "--replace", "--data-dir", dir, "--json")
 			if err != nil {
 				t.Fatal(err)
 			}
 			json.Unmarshal([]byte(stdout), &out)
-			if _, err := images.Get(ctx, admin, image.CatalogID("Debian 12")).Extract(); !gophercloud.ResponseCodeIs(err, 404) {
-				t.Fatalf("the placeholder is still there: %v", err)
-			}
 			left = imagesNamed(t, admin, "Debian 12")
-			if len(left) != 1 || left[0].Visibility != "public" || left[0].Properties["os_type"] != "linux" ||
+			if len(left) != 1 || left[0].ID != image.CatalogID("Debian 12") || left[0].Checksum != qcowSum || left[0].Visibility != "public" || left[0].Properties["os_type"] != "linux" ||
 				left[0].Properties["login_user"] != "debian" || left[0].MinDiskGigabytes != 10 || left[0].DiskFormat != "qcow2" ||
 				left[0].Properties["nimbus_placeholder"] != nil || len(out.Replaced) != 1 || out.Replaced[0] != image.CatalogID("Debian 12") {
 				t.Fatalf("Debian 12 after --replace: %+v, output %+v", left, out)
@@ -242,6 +245,19 @@ func TestImageImport(t *testing.T) {
 			}
 			if err := json.Unmarshal([]byte(stdout), &out); err != nil || len(out.Replaced) != 0 || len(imagesNamed(t, admin, "rep")) != 2 {
 				t.Fatalf("demo's --replace: %+v %v", out, err)
+			}
+			// Without the admin role the swap is refused: the new upload
+			// replaces demo's image under a new id, and is listed.
+			demoOld := out.Image.ID
+			stdout, _, err = importImage(ctx, raw, "--name", "rep", "--replace", "--os-cloud", "nimbus-demo", "--clouds", demoClouds, "--json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			json.Unmarshal([]byte(stdout), &out)
+			demoImgs := imagesNamed(t, imageClient(t, c, cloud.DemoUser), "rep")
+			if out.Image.ID == demoOld || len(out.Replaced) != 1 || out.Replaced[0] != demoOld || len(demoImgs) != 1 ||
+				demoImgs[0].ID != out.Image.ID || demoImgs[0].Hidden || demoImgs[0].Checksum != rawSum {
+				t.Fatalf("demo's second --replace: %+v, demo sees %+v", out, demoImgs)
 			}
 		})
 
@@ -316,7 +332,7 @@ func TestImageImport(t *testing.T) {
 				{[]string{raw, "--clouds", badPw}, "authentication as admin at " + c.IdentityURL + " failed"},
 				{[]string{raw, "--clouds", badPw}, "401 Unauthorized"},
 				{[]string{raw, "--data-dir", dir, "--database-url", "postgres://x"}, "flag provided but not defined: -database-url"},
-				{[]string{"--data-dir", dir}, "want <file>"},
+				{[]string{"--data-dir", dir}, "want <file|URL>"},
 			} {
 				if _, _, err := importImage(ctx, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Errorf("import %v: %v, want an error containing %q", tc.args, err, tc.want)
@@ -334,7 +350,7 @@ func TestImageImportHelp(t *testing.T) {
 	if err := runAdmin(context.Background(), []string{"image", "import", "-h"}, &out, &errOut); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("help: %v", err)
 	}
-	for _, want := range []string{"Usage: nimbus admin image import <file>", "-replace", "-os-cloud", "-property"} {
+	for _, want := range []string{"Usage: nimbus admin image import <file|URL>", "-replace", "-checksums", "-cacert", "-os-cloud", "-property"} {
 		if !strings.Contains(errOut.String(), want) {
 			t.Errorf("help lacks %q:\n%s", want, errOut.String())
 		}

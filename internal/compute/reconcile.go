@@ -400,7 +400,8 @@ func imageRef(img *image.Image) driver.ImageRef {
 		ref.HashValue = img.OSHashValue
 	}
 	for k, v := range img.Properties {
-		if strings.HasPrefix(k, "hw_") {
+		// nimbus_placeholder: a driver that needs image data refuses it.
+		if strings.HasPrefix(k, "hw_") || k == "nimbus_placeholder" {
 			if ref.Properties == nil {
 				ref.Properties = map[string]string{}
 			}

@@ -115,6 +115,7 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "DELETE /v2/images/{id}/tags/{tag}", Handler: s.deleteTag},
 		{Pattern: "POST /v2/images/{id}/actions/deactivate", Handler: s.deactivate},
 		{Pattern: "POST /v2/images/{id}/actions/reactivate", Handler: s.reactivate},
+		{Pattern: replaceDataRoute, Handler: s.replaceData, AdminOnly: true, Policy: "nimbus_replace_data"},
 
 		{Pattern: "PUT /v2/images/{id}/file", Handler: s.uploadData, MaxBody: maxUpload},
 		{Pattern: "GET /v2/images/{id}/file", Handler: s.downloadData},

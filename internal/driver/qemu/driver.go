@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"nimbus/internal/driver"
+	"nimbus/internal/image"
 	"nimbus/internal/qmp"
 )
 
@@ -664,6 +665,9 @@ func (d *Driver) create(ctx context.Context, v *vm, spec driver.Spec) error {
 	if img.ID == "" {
 		return errors.New("no image to boot from (the qemu driver boots from images only)")
 	}
+	if err := refusePlaceholder(img); err != nil {
+		return err
+	}
 	if spec.VCPUs <= 0 || spec.MemoryMB <= 0 {
 		return fmt.Errorf("bad flavor: %d vCPUs, %d MB", spec.VCPUs, spec.MemoryMB)
 	}
@@ -753,6 +757,22 @@ func (d *Driver) create(ctx context.Context, v *vm, spec driver.Spec) error {
 	v.ready = true
 	v.mu.Unlock()
 	return nil
+}
+
+// refusePlaceholder keeps QEMU off a catalog image whose data is still the
+// 1 MiB stand-in (nimbus_placeholder=true): it would sit on a disk of
+// zeros with no console and no error. The error names the image, why, and
+// the command that puts the real image in its place.
+func refusePlaceholder(img driver.ImageRef) error {
+	if img.Properties["nimbus_placeholder"] != "true" {
+		return nil
+	}
+	name := img.Name
+	if name == "" {
+		name = img.ID
+	}
+	return fmt.Errorf("image %q (%s) cannot boot: %s; put the real image in its place with: %s",
+		name, img.ID, image.PlaceholderReason, image.PlaceholderFix(img.ID, name))
 }
 
 // ovmfPaths are where Debian and Fedora install OVMF (code, vars).

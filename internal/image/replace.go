@@ -1,0 +1,102 @@
+package image
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"nimbus/internal/api"
+	"nimbus/internal/store"
+)
+
+// replaceDataRoute is Nimbus's own admin action: Glance cannot re-upload
+// an active image, yet a catalog placeholder must become the real image
+// under the same id, name and properties, since flavors, quotes, panel
+// choices and servers refer to it by id.
+const replaceDataRoute = "POST /v2/images/{id}/actions/nimbus-replace-data"
+
+// replaceDataRequest names the staging image whose data takes the place
+// of the target's.
+type replaceDataRequest struct {
+	From string `json:"from"`
+}
+
+// replaceData moves a freshly uploaded active image's data (file, size,
+// checksum, multihash, formats, virtual size) into the image of the path,
+// clears its placeholder mark and deletes the staging image, in one
+// transaction. Hosts cache image data by hash, so the new hash is a new
+// cache entry and servers already running keep their disks.
+func (s *Service) replaceData(r *http.Request) (*api.Response, error) {
+	var req replaceDataRequest
+	if err := api.DecodeJSON(r, &req); err != nil {
+		return nil, err
+	}
+	if !uuidPattern.MatchString(req.From) {
+		return nil, api.BadRequest("'from' must be the id of an active image holding the new data")
+	}
+	var out *Image
+	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
+		dst, err := s.lookup(r.Context(), tx, r)
+		if err != nil {
+			return err
+		}
+		src, err := getImage(r.Context(), tx, req.From)
+		if errors.Is(err, store.ErrNotFound) {
+			return api.NotFound("No image found with ID %s", req.From)
+		}
+		if err != nil {
+			return err
+		}
+		if err := checkReplace(dst, src); err != nil {
+			return err
+		}
+		swapData(dst, src)
+		if err := updateImage(r.Context(), tx, dst); err != nil {
+			return err
+		}
+		if err := s.deleteRow(r.Context(), tx, src.ID); err != nil {
+			return err
+		}
+		// Last, so that a failure to move the file rolls the records back.
+		if err := os.Rename(s.dataPath(src.ID), s.dataPath(dst.ID)); err != nil {
+			return fmt.Errorf("image store: %w", err)
+		}
+		out = dst
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusOK, view(out)), nil
+}
+
+// checkReplace refuses a swap that would lose data or cross projects.
+func checkReplace(dst, src *Image) error {
+	switch {
+	case src.ID == dst.ID:
+		return api.BadRequest("An image cannot replace its own data.")
+	case src.Status != StatusActive || !src.HasData():
+		return api.Conflict("Image %s is %s: only an active image's data can replace another's.", src.ID, src.Status)
+	case dst.Status != StatusActive && dst.Status != StatusQueued:
+		return api.Conflict("Image %s is %s: only an active or queued image's data can be replaced.", dst.ID, dst.Status)
+	case src.Owner != dst.Owner:
+		return api.Conflict("Image %s belongs to another project than image %s.", src.ID, dst.ID)
+	}
+	return nil
+}
+
+// swapData gives dst src's data and what describes it, keeping dst's id,
+// name, visibility and properties; the placeholder mark goes.
+func swapData(dst, src *Image) {
+	dst.Size, dst.VirtualSize, dst.Checksum = src.Size, src.VirtualSize, src.Checksum
+	dst.OSHashAlgo, dst.OSHashValue = src.OSHashAlgo, src.OSHashValue
+	dst.DiskFormat, dst.ContainerFormat = src.DiskFormat, src.ContainerFormat
+	if dst.Licence == "" {
+		dst.Licence = src.Licence // licensed data stays licensed
+	}
+	delete(dst.Properties, "nimbus_placeholder")
+	dst.Status = StatusActive
+	dst.UpdatedAt = time.Now().UTC().Truncate(time.Second)
+}
