@@ -34,7 +34,7 @@ import (
 func bench(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
 	dbURL := fs.String("database-url", "", "database to run on (default: SQLite in a temporary directory)")
-	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge, place, vm (real VMs: QEMU and the test guest), login-attack (wrong-password clients against nimbus serve)")
+	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge, place, panel (the web panel's pages), vm (real VMs: QEMU and the test guest), login-attack (wrong-password clients against nimbus serve)")
 	duration := fs.Duration("duration", 5*time.Second, "how long the token scenario runs")
 	workers := fs.Int("workers", 16, "concurrent clients")
 	creates := fs.Int("creates", 2000, "servers created in the create scenario")
@@ -42,6 +42,7 @@ func bench(args []string) error {
 	resources := fs.Int("resources", 100000, "metered servers in the charge scenario")
 	placeHosts := fs.Int("place-hosts", 1000, "fake hosts in the place scenario")
 	placeCreates := fs.Int("place-creates", 1000, "servers created in the place scenario")
+	panelServers := fs.Int("panel-servers", 1000, "servers in the account in the panel scenario")
 	guestDir := fs.String("guest", "", "the test guest for the vm scenario (default: test/guest/build.sh's cache)")
 	vmRuns := fs.Int("vm-runs", 3, "boots of each kind in the vm scenario")
 	attackers := fs.Int("attackers", 128, "concurrent wrong-password clients in the login-attack scenario")
@@ -81,6 +82,11 @@ func bench(args []string) error {
 	}
 	if want["place"] {
 		if err := benchPlace(*dbURL, *placeHosts, *placeCreates, *workers); err != nil {
+			return err
+		}
+	}
+	if want["panel"] {
+		if err := benchPanel(*dbURL, *panelServers, *workers); err != nil {
 			return err
 		}
 	}
