@@ -80,6 +80,10 @@ Image commands:
                                       progress bar, and check its checksum; --replace swaps it
                                       for the project's images of that name, such as a catalog
                                       placeholder, keeping their properties
+  build debian-12 [--rebuild] [--no-import]
+                                      build a real Debian 12 cloud image here from Debian's
+                                      packages (cached, reproducible) and import it over the
+                                      "Debian 12" placeholder
 
 <project> is a project id, or a project name in the Default domain.
 <amount> is minor units (15000), or major units with a decimal point
