@@ -66,6 +66,8 @@ func (a *adminRun) imageBuild(ctx context.Context, name string, b imagebuild.Opt
 	o.name, o.replace, o.diskFormat = r.Image, true, "qcow2"
 	o.props["nimbus_build"] = r.Name + "-" + r.Stamp()
 	o.props["nimbus_build_sha256"] = res.SHA256
+	// The built image has the guest agent, which the vendor's does not.
+	o.props["hw_qemu_guest_agent"] = "yes"
 	return a.imageImport(ctx, res.Image, o)
 }
 

@@ -53,8 +53,14 @@ func TestDebianImageBuild(t *testing.T) {
 	placeholder := q.imageNamed(ctx, "Debian 12")
 	got := q.runBuildCommand(ctx)
 	if got.Image.Name != "Debian 12" || got.Image.Properties["nimbus_build_sha256"] != res.SHA256 ||
-		got.Image.Properties["nimbus_placeholder"] == "true" || got.Image.Properties["login_user"] != "debian" {
-		t.Fatalf("imported %+v; want Debian 12, real, login_user debian, nimbus_build_sha256 %s", got.Image, res.SHA256)
+		got.Image.Properties["nimbus_placeholder"] == "true" || got.Image.Properties["login_user"] != "debian" ||
+		got.Image.Properties["hw_qemu_guest_agent"] != "yes" {
+		t.Fatalf("imported %+v; want Debian 12, real, login_user debian, the guest agent, nimbus_build_sha256 %s", got.Image, res.SHA256)
+	}
+	// The catalog image keeps its id, so flavors, quotes and the panel's
+	// choices still name it.
+	if got.Image.ID != placeholder {
+		t.Errorf("the built image has id %s, want the placeholder's %s", got.Image.ID, placeholder)
 	}
 	if len(got.Replaced) == 0 || got.Replaced[0] != placeholder {
 		t.Errorf("replaced %v, want the placeholder %s", got.Replaced, placeholder)
