@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -27,11 +24,6 @@ import (
 // configurator with its price, quota and live capacity; then the list
 // under workers concurrent clients.
 func benchPanel(dbURL string, servers, workers int) error {
-	dir, err := os.MkdirTemp("", "nimbus-bench-panel-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
 	var fleet []driver.Host
 	for i := range 40 {
 		h := driver.Host{Name: fmt.Sprintf("panel-%03d", i), MemoryMB: 512 * 1024, DiskGB: 16000, Zone: "nova",
@@ -39,21 +31,11 @@ func benchPanel(dbURL string, servers, workers int) error {
 		fake.Topology(&h, 2, 40, 1)
 		fleet = append(fleet, h)
 	}
-	c, err := cloud.Start(context.Background(), cloud.Config{
-		DataDir: dir, DatabaseURL: dbURL, Listen: "127.0.0.1", Fleet: fleet,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	c, b, stop, err := startBenchCloud("panel", dbURL, fleet, workers)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	b, err := newBenchClient(c, workers)
-	if err != nil {
-		return err
-	}
-	if err := b.unlimitedQuota(); err != nil {
-		return err
-	}
+	defer stop()
 	if err := b.createToActive(servers, 50, workers); err != nil {
 		return err
 	}

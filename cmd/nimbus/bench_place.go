@@ -20,11 +20,6 @@ import (
 // host, 256 GiB), timed from the first POST to the last server ACTIVE, with
 // the memory the process holds before and after.
 func benchPlace(dbURL string, hosts, creates, workers int) error {
-	dir, err := os.MkdirTemp("", "nimbus-bench-place-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
 	fleet := make([]driver.Host, hosts)
 	for i := range fleet {
 		h := driver.Host{Name: fmt.Sprintf("place-%05d", i), MemoryMB: 256 * 1024, DiskGB: 2000, Zone: "nova",
@@ -32,21 +27,11 @@ func benchPlace(dbURL string, hosts, creates, workers int) error {
 		fake.Topology(&h, 2, 16, 1)
 		fleet[i] = h
 	}
-	c, err := cloud.Start(context.Background(), cloud.Config{
-		DataDir: dir, DatabaseURL: dbURL, Listen: "127.0.0.1", Fleet: fleet,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	_, b, stop, err := startBenchCloud("place", dbURL, fleet, workers)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	b, err := newBenchClient(c, workers)
-	if err != nil {
-		return err
-	}
-	if err := b.unlimitedQuota(); err != nil {
-		return err
-	}
+	defer stop()
 	heap0, rss0 := memNow()
 	start := time.Now()
 	if err := b.createToActive(creates, 1, workers); err != nil {
@@ -57,6 +42,34 @@ func benchPlace(dbURL string, hosts, creates, workers int) error {
 	fmt.Printf("%-40s%8.2f s   (%d servers onto %d hosts, %d clients)\n", "place: creates to ACTIVE:", took.Seconds(), creates, hosts, workers)
 	fmt.Printf("%-40s%8.1f MB  heap %.1f → %.1f MB, RSS %.1f → %.1f MB\n", "place: memory held:", heap1-heap0, heap0, heap1, rss0, rss1)
 	return nil
+}
+
+// startBenchCloud starts a cloud on the fleet in a fresh data directory
+// (SQLite unless dbURL) and an admin client without quotas; stop closes
+// both and removes the directory.
+func startBenchCloud(name, dbURL string, fleet []driver.Host, workers int) (*cloud.Cloud, *benchClient, func(), error) {
+	dir, err := os.MkdirTemp("", "nimbus-bench-"+name+"-")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	c, err := cloud.Start(context.Background(), cloud.Config{
+		DataDir: dir, DatabaseURL: dbURL, Listen: "127.0.0.1", Fleet: fleet,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, nil, err
+	}
+	stop := func() { c.Close(); os.RemoveAll(dir) }
+	b, err := newBenchClient(c, workers)
+	if err == nil {
+		err = b.unlimitedQuota()
+	}
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	return c, b, stop, nil
 }
 
 // memNow is the Go heap in use after a collection and the resident set, in MB.
