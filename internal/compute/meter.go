@@ -9,9 +9,11 @@ import (
 
 // meterKey is what a server's usage period depends on; the zero value is
 // "not billable". A server is billed while it exists on a host and is not
-// shelved: from its first boot (as from an unshelve's), stopped or not, to
-// shelve or delete. A server that never ran (no valid host, or a build that
-// failed, as a placeholder image's does) is never billed.
+// shelved: from placement, stopped or not, to shelve or delete, so that a
+// prepaid term can be bought as soon as the server is ordered. A server
+// that never ran (no valid host, or a build that failed before it ever
+// booted, as a placeholder image's does) is never billed: fail drops the
+// periods of such a build.
 type meterKey struct {
 	flavorID         string
 	vcpus, ram, disk int
@@ -19,7 +21,7 @@ type meterKey struct {
 }
 
 func meterKeyOf(sv *server) meterKey {
-	if sv.Deleted || sv.Host == "" || sv.VMState == vmBuilding || sv.VMState == vmShelved || sv.VMState == vmShelvedOffloaded {
+	if sv.Deleted || sv.Host == "" || sv.VMState == vmShelved || sv.VMState == vmShelvedOffloaded {
 		return meterKey{}
 	}
 	f := sv.Doc.Flavor
@@ -50,9 +52,6 @@ func (s *Service) moveMeter(ctx context.Context, q store.Querier, sv *server) er
 // creation; hours billing already charged are not charged again (the
 // ledger is unique per server and hour).
 func (s *Service) backfillMeter(ctx context.Context) error {
-	if err := s.stopBuildingMeters(ctx); err != nil {
-		return err
-	}
 	rows, err := s.db.Query(ctx, `SELECT `+serverCols+` FROM compute_servers WHERE deleted = 0 AND host <> '' AND `+
 		metering.Unmetered("compute_servers.id", false))
 	if err != nil {
@@ -86,38 +85,4 @@ func (s *Service) backfillMeter(ctx context.Context) error {
 		s.log.Info("metering: opened usage periods for existing servers", "servers", len(missing))
 	}
 	return nil
-}
-
-// stopBuildingMeters closes the open usage periods of servers still
-// building: a version that billed from placement opened them, and nothing
-// else would close them if the build then failed or was deleted (a
-// building server's meterKey is "not billable" on both sides). A build
-// that goes on to run opens its period when it does.
-func (s *Service) stopBuildingMeters(ctx context.Context) error {
-	return s.db.Tx(ctx, func(tx *store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id, project_id FROM compute_servers WHERE deleted = 0 AND vm_state = ? AND NOT `+
-			metering.Unmetered("compute_servers.id", true), vmBuilding)
-		if err != nil {
-			return err
-		}
-		var ids, projects []string
-		for rows.Next() {
-			var id, project string
-			if err := rows.Scan(&id, &project); err != nil {
-				rows.Close()
-				return err
-			}
-			ids, projects = append(ids, id), append(projects, project)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		for i, id := range ids {
-			if err := metering.Set(ctx, tx, metering.KindServer, id, projects[i], nil, s.now()); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
 }

@@ -11,6 +11,7 @@ import (
 	"nimbus/internal/api"
 	"nimbus/internal/driver"
 	"nimbus/internal/image"
+	"nimbus/internal/metering"
 	"nimbus/internal/network"
 	"nimbus/internal/store"
 )
@@ -471,6 +472,12 @@ func (s *Service) fail(ctx context.Context, sv *server, task, event string, star
 				return err
 			}
 			cur.Host, cur.Power = "", int(driver.NoState)
+			// A build that never booted is never billed.
+			if cur.LaunchedAt == nil {
+				if err := metering.Drop(ctx, tx, cur.ID, cur.CreatedAt); err != nil {
+					return err
+				}
+			}
 		}
 		return s.finish(ctx, tx, cur, event, started, cause)
 	})

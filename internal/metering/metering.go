@@ -123,6 +123,14 @@ func Set(ctx context.Context, q store.Querier, kind, resource, project string, s
 	return err
 }
 
+// Drop removes resource's periods that began at or after since, as if the
+// resource had never been billable then: a server whose build failed
+// before it ever ran is never billed.
+func Drop(ctx context.Context, q store.Querier, resource string, since time.Time) error {
+	_, err := q.Exec(ctx, "DELETE FROM metering_periods WHERE resource_id = ? AND started_at >= ?", resource, store.FormatTime(since))
+	return err
+}
+
 // Opening is a period to open: resource, of kind and project, is spec from
 // At.
 type Opening struct {

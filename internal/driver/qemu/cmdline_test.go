@@ -482,8 +482,17 @@ func runQEMU(t *testing.T, bin string, argv []string, qmpPath string) (string, e
 			err := qmpQuit(c)
 			c.Close()
 			if err != nil {
-				cmd.Process.Kill()
-				<-done
+				// QMP came up and QEMU died under it (a seccomp kill as it
+				// drops privileges): its exit status says why.
+				select {
+				case werr := <-done:
+					if werr != nil {
+						return out.String(), werr
+					}
+				case <-time.After(2 * time.Second):
+					cmd.Process.Kill()
+					<-done
+				}
 				return out.String(), err
 			}
 			select {
