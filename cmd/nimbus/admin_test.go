@@ -112,13 +112,21 @@ func (f *adminFixture) written(t *testing.T) string {
 	return b.String()
 }
 
-// awayFromHourEnd waits past the turn of the hour when it is close, so that
-// two passes of a test fall in one hour.
+// awayFromHourEnd waits past the turn of the hour when it is close, and out
+// of an hour's first minute, so that two passes of a test, and the periods
+// it opens a minute back, fall in one hour.
 func awayFromHourEnd(t *testing.T) {
 	now := time.Now()
 	if left := now.Truncate(time.Hour).Add(time.Hour).Sub(now); left < 5*time.Second {
 		t.Logf("waiting %v for the hour to turn", left)
 		time.Sleep(left + 100*time.Millisecond)
+		now = time.Now()
+	}
+	// The tests open usage periods a minute back: in an hour's first
+	// minute that is the hour before, which an earlier pass has closed.
+	if in := now.Sub(now.Truncate(time.Hour)); in < 65*time.Second {
+		t.Logf("waiting %v for the periods a minute back to fall in this hour", 65*time.Second-in)
+		time.Sleep(65*time.Second - in)
 	}
 }
 
