@@ -368,8 +368,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	for name, ln := range lns {
 		c.serve(name, ln, withOps(handlers[name], ops), tlsCfg)
 	}
-	c.wg.Add(5)
-	go func() { defer c.wg.Done(); c.Panel.Run(runCtx) }()
+	c.wg.Add(4)
 	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Volumes.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Billing.Run(runCtx) }()
@@ -579,7 +578,8 @@ func opsHandler(c *Cloud) http.Handler {
 	})
 }
 
-// housekeeping runs periodic jobs: purging expired tokens.
+// housekeeping runs periodic jobs: purging expired tokens and panel
+// sessions.
 func (c *Cloud) housekeeping(ctx context.Context) {
 	t := time.NewTicker(10 * time.Minute)
 	defer t.Stop()
@@ -590,6 +590,9 @@ func (c *Cloud) housekeeping(ctx context.Context) {
 		case <-t.C:
 			if err := c.Identity.PurgeExpired(ctx); err != nil && ctx.Err() == nil {
 				c.Config.Log.Warn("token purge failed", "error", err)
+			}
+			if err := c.Panel.PurgeSessions(ctx); err != nil && ctx.Err() == nil {
+				c.Config.Log.Warn("panel session purge failed", "error", err)
 			}
 		}
 	}

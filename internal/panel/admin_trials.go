@@ -3,6 +3,7 @@ package panel
 import (
 	"context"
 	"net/url"
+	"nimbus/internal/billing"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +28,7 @@ const (
 )
 
 type trialRow struct {
-	trial
+	billing.Trial
 	ProjectName string
 }
 
@@ -42,7 +43,7 @@ type trialsData struct {
 func (p *Panel) trialQueue(q *req) error {
 	ctx := q.r.Context()
 	var trials struct {
-		Trials []trial `json:"trials"`
+		Trials []billing.Trial `json:"trials"`
 	}
 	var names map[string]string
 	var requests []ConfigRequest
@@ -56,7 +57,7 @@ func (p *Panel) trialQueue(q *req) error {
 	}
 	d := trialsData{Requests: requests, DefaultDays: defaultTrialDays}
 	for _, t := range trials.Trials {
-		row := trialRow{trial: t, ProjectName: names[t.ProjectID]}
+		row := trialRow{Trial: t, ProjectName: names[t.ProjectID]}
 		if t.Status == "pending" {
 			d.Pending = append(d.Pending, row)
 		} else if len(d.Decided) < decidedShown {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"nimbus/internal/billing"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,27 +65,6 @@ type (
 		Total     int64           `json:"total"`
 		Resources []resourceUsage `json:"resources"`
 		Accruing  int64           `json:"accruing"`
-	}
-	term struct {
-		ID        string    `json:"id"`
-		ServerID  string    `json:"server_id"`
-		Months    int       `json:"months"`
-		StartsAt  time.Time `json:"starts_at"`
-		EndsAt    time.Time `json:"ends_at"`
-		Amount    int64     `json:"amount"`
-		AutoRenew bool      `json:"auto_renew"`
-		OnEnd     string    `json:"on_end"`
-		Status    string    `json:"status"`
-	}
-	trial struct {
-		ID          string     `json:"id"`
-		ProjectID   string     `json:"project_id"`
-		Description string     `json:"description"`
-		Status      string     `json:"status"`
-		Credit      int64      `json:"credit"`
-		EndsAt      *time.Time `json:"ends_at"`
-		Reason      string     `json:"reason"`
-		CreatedAt   time.Time  `json:"created_at"`
 	}
 	topupBody struct {
 		ID            string `json:"id"`
@@ -154,8 +134,8 @@ type billingData struct {
 	Usage                  usage
 	PrevMonth, NextMonth   string
 	Chart                  chart
-	Terms                  []term
-	Trials                 []trial
+	Terms                  []billing.Term
+	Trials                 []billing.Trial
 	// TrialOpen is a pending or approved trial: no new request then.
 	TrialOpen bool
 	// TestPayments is whether the simulated card and webhook providers
@@ -187,10 +167,10 @@ func (p *Panel) billingPage(q *req) error {
 		Usage usage `json:"usage"`
 	}
 	var terms struct {
-		Terms []term `json:"terms"`
+		Terms []billing.Term `json:"terms"`
 	}
 	var trials struct {
-		Trials []trial `json:"trials"`
+		Trials []billing.Trial `json:"trials"`
 	}
 	var names map[string]string
 	ledgerPath := "/v1/ledger?limit=" + strconv.Itoa(ledgerPageSize)

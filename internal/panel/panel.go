@@ -108,21 +108,9 @@ func New(cfg Config) (*Panel, error) {
 // Handler is the panel's HTTP handler.
 func (p *Panel) Handler() http.Handler { return p.mux }
 
-// Run purges expired sessions until ctx ends.
-func (p *Panel) Run(ctx context.Context) {
-	t := time.NewTicker(10 * time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := p.sessions.purge(ctx); err != nil && ctx.Err() == nil {
-				p.cfg.Log.Warn("panel: session purge failed", "error", err)
-			}
-		}
-	}
-}
+// PurgeSessions removes expired sessions; the controller's housekeeping
+// calls it with its other periodic purges.
+func (p *Panel) PurgeSessions(ctx context.Context) error { return p.sessions.purge(ctx) }
 
 // access is who may open a route.
 type access int
