@@ -80,6 +80,13 @@ type Host struct {
 	NUMANodes    []NUMANode `json:"numa_nodes,omitempty"`
 	// Health is "" when the host is fine, else what is wrong with it.
 	Health string `json:"health,omitempty"`
+	// NetworkMode is how the host wires its servers' ports: "" or "user"
+	// (user-mode networking, one forwarded port per server) or "bridged"
+	// (the data plane of internal/netplane, IP then being the host's
+	// VXLAN underlay address). Gateway is set on a bridged host that
+	// reaches the provider network and so may carry routers.
+	NetworkMode string `json:"network_mode,omitempty"`
+	Gateway     bool   `json:"gateway,omitempty"`
 }
 
 // Bounds on what a host may present: beyond any real machine, and small

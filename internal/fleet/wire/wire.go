@@ -239,3 +239,43 @@ type SnapshotResult struct {
 type ConsoleResult struct {
 	Output string `json:"output"`
 }
+
+// The data plane's calls (agents run with --network-mode bridged).
+const (
+	// PathNetState: POST NetStateRequest, long-polls for the host's
+	// desired network state (netstate.Host) newer than After.
+	PathNetState = "/v1/agent/netstate"
+	// PathMetadata: POST MetadataRequest, the metadata service's answer
+	// for the server behind a guest's request to 169.254.169.254.
+	PathMetadata = "/v1/agent/metadata"
+)
+
+// NetStateRequest asks for Host's network state once its revision is
+// above After (at once when it already is, else when it changes or the
+// wait ends, whichever is first; the answer is the current state either
+// way).
+type NetStateRequest struct {
+	Host  string `json:"host"`
+	After int64  `json:"after"`
+}
+
+// MetadataRequest is one guest request the agent's metadata proxy took
+// on a tenant network: the server is the one whose port on NetworkID
+// has fixed IP SourceIP, as Neutron's metadata proxy identifies it, and
+// the controller answers only when that server runs on the agent's Host.
+type MetadataRequest struct {
+	Host      string `json:"host"`
+	NetworkID string `json:"network_id"`
+	SourceIP  string `json:"source_ip"`
+	Method    string `json:"method"` // GET, HEAD or POST (a Windows password)
+	Path      string `json:"path"`   // e.g. /openstack/latest/meta_data.json
+	Body      []byte `json:"body,omitempty"`
+}
+
+// MetadataResponse is the metadata service's answer, relayed to the guest
+// as it is.
+type MetadataResponse struct {
+	Status      int    `json:"status"`
+	ContentType string `json:"content_type"`
+	Body        []byte `json:"body"`
+}
