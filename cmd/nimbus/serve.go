@@ -18,6 +18,7 @@ import (
 	"nimbus/internal/driver/qemu"
 	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
+	"nimbus/internal/network"
 	"nimbus/internal/scheduler"
 )
 
@@ -71,6 +72,9 @@ func checkServeFlags(cfg *cloud.Config) error {
 		if r.bad {
 			return fmt.Errorf("%s %s", r.flag, r.must)
 		}
+	}
+	if err := cfg.Provider.Check(); err != nil {
+		return fmt.Errorf("--public-cidr, --public-gateway, --public-pool: %w", err)
 	}
 	return nil
 }
@@ -131,6 +135,12 @@ func serve(args []string) error {
 	fs.Int64Var(&cfg.Billing.MaxBalance, "billing-max-balance", 10_000_000_000, "largest balance a credit may bring an account to, in minor units (10000000000 = 100,000,000.00)")
 	fs.BoolVar(&cfg.Billing.TestPayments, "billing-test-payments", false, "offer the simulated payment providers (test, webhook-test), which credit money never paid: demos and tests only")
 	fs.Int64Var(&cfg.DemoCredit, "demo-credit", 100000, "the demo project's welcome credit on first start, in minor units")
+	fs.StringVar(&cfg.Provider.CIDR, "public-cidr", network.DefaultProvider.CIDR, "the provider network's IPv4 CIDR, where floating IPs and routers' gateways live: the public network's subnet follows it")
+	fs.StringVar(&cfg.Provider.Gateway, "public-gateway", network.DefaultProvider.Gateway, "the provider network's own router, the next hop of routers' gateways")
+	fs.Func("public-pool", "a range start-end of --public-cidr given out as public addresses; repeat for more (default: the whole CIDR but the gateway)", func(v string) error {
+		cfg.Provider.Pools = append(cfg.Provider.Pools, v)
+		return nil
+	})
 	weigher := fs.String("scheduler-weigher", "spread", "how hosts are chosen: spread (even load) or pack (fill hosts, keep whole hosts free)")
 	keepGPU := fs.Bool("scheduler-keep-gpu-hosts", true, "keep GPU hosts for GPU flavors: other servers go there only when nothing else fits")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")

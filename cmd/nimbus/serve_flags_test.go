@@ -10,6 +10,7 @@ import (
 	"nimbus/internal/cloud"
 	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
+	"nimbus/internal/network"
 )
 
 // TestCheckServeFlags: serve's defaults pass, and each flag out of its
@@ -43,6 +44,8 @@ func TestCheckServeFlags(t *testing.T) {
 		{"--billing-max-balance", func(c *cloud.Config) { c.Billing.MaxBalance = billing.MaxAmount + 1 }},
 		{"--billing-credit-limit", func(c *cloud.Config) { c.Billing.DefaultCreditLimit = -1 }},
 		{"--demo-credit", func(c *cloud.Config) { c.DemoCredit = c.Billing.MaxBalance + 1 }},
+		{"", func(c *cloud.Config) { c.Provider = network.Provider{CIDR: "198.51.100.0/24", Gateway: "198.51.100.1"} }},
+		{"--public-cidr,", func(c *cloud.Config) { c.Provider = network.Provider{CIDR: "198.51.100.0/24", Gateway: "192.0.2.1"} }},
 	}
 	for _, tc := range tests {
 		cfg := base()

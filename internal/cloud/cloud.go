@@ -59,6 +59,9 @@ var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 96
 // Config is what a controller needs to start.
 type Config struct {
 	DataDir     string
+	// Provider is the provider network the public network's subnet
+	// follows (default network.DefaultProvider).
+	Provider network.Provider
 	DatabaseURL string // default: SQLite file in DataDir
 	Listen      string // address to bind, default 0.0.0.0
 	PublicHost  string // host name put in catalog URLs; default from Listen
@@ -301,6 +304,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Images.SetSpendGate(c.Billing)
 	c.Networks = network.New(db)
 	c.Networks.SetSpendGate(c.Billing)
+	c.Networks.SetProvider(cfg.Provider)
 	// The catalog and the public network belong to the operator's project.
 	c.Images.SetProjects(c.Identity)
 	c.Networks.SetProjects(c.Identity)

@@ -51,6 +51,8 @@ type Service struct {
 	// projects finds the operator's project, owner of the public network;
 	// nil: the network is no project's.
 	projects Projects
+	// provider is the provider network the public subnet follows.
+	provider Provider
 }
 
 // Projects finds a project's id by name, "" when there is none; identity
@@ -246,12 +248,22 @@ func (s *Service) Bootstrap(ctx context.Context) error {
 		n := &netRow{ID: newID(), Name: PublicNetwork, ProjectID: owner, AdminStateUp: true, External: true,
 			IsDefault: true, PortSecurity: true, MTU: 1450}
 		made, err := insertNet(ctx, tx, n, "public")
-		if err != nil || !made {
+		if err != nil {
 			return err
 		}
-		gw := "203.0.113.1"
-		sub := &subnetRow{ID: newID(), NetworkID: n.ID, Name: "public-subnet", ProjectID: owner, CIDR: PublicCIDR,
-			IPVersion: 4, Gateway: &gw, Pools: []pool{{"203.0.113.10", "203.0.113.250"}}, EnableDHCP: false}
+		if !made {
+			subs, err := loadSubnets(ctx, tx, "network_id = (SELECT id FROM networks WHERE builtin = 'public')")
+			if err != nil || len(subs) == 0 {
+				return err
+			}
+			return followProvider(ctx, tx, subs[0], s.provider)
+		}
+		cidr, gw, pools, err := s.provider.subnet()
+		if err != nil {
+			return err
+		}
+		sub := &subnetRow{ID: newID(), NetworkID: n.ID, Name: "public-subnet", ProjectID: owner, CIDR: cidr,
+			IPVersion: 4, Gateway: &gw, Pools: pools, EnableDHCP: false}
 		return insertSubnet(ctx, tx, sub)
 	})
 }
