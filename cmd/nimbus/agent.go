@@ -49,7 +49,9 @@ Flags:
 	drv := fs.String("driver", "fake", "hypervisor driver: fake (a simulated host) or qemu (real VMs)")
 	var qf qemuFlags
 	qf.register(fs)
-	hostIP := fs.String("host-ip", "", "qemu driver: the address the controller and users reach this host on (default: this machine's first non-loopback address)")
+	var nf netFlags
+	nf.register(fs, false)
+	hostIP := fs.String("host-ip", "", "qemu driver: the address the controller and users reach this host on, in bridged mode its IPv4 address on the underlay (default: this machine's first non-loopback address)")
 	zone := fs.String("zone", "nova", "qemu driver: the host's availability zone")
 	fleetFile := fs.String("fleet", "", "JSON list of the hosts the fake driver presents (default: one host named after this machine)")
 	fakeDelay := fs.Duration("fake-delay", 500*time.Millisecond, "how long the fake driver takes per step")
@@ -75,6 +77,10 @@ Flags:
 	cfg.Log = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	slog.SetDefault(cfg.Log)
 
+	netOpts, err := nf.options(*drv, *hostIP)
+	if err != nil {
+		return err
+	}
 	switch *drv {
 	case "fake":
 		hosts := []driver.Host{{Name: hostname, IP: "192.0.2.100", VCPUs: 64, MemoryMB: 256 * 1024, DiskGB: 4000, Zone: "nova",
@@ -100,6 +106,15 @@ Flags:
 		o.DataDir, o.Name, o.IP, o.Zone, o.Log = cfg.DataDir, cmp.Or(cfg.Name, hostname), *hostIP, *zone, cfg.Log
 		if o.IP == "" {
 			o.IP = firstAddress()
+		}
+		o.Network = netOpts
+		np, err := cloud.NewNetPlane(o)
+		if err != nil {
+			return err
+		}
+		if np != nil {
+			defer np.Close()
+			o.Wiring, cfg.Net = np, np
 		}
 		d, err := cloud.NewQEMUDriver(o)
 		if err != nil {

@@ -124,6 +124,8 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.Driver, "driver", "fake", "the local agent's hypervisor driver: fake (a simulated fleet) or qemu (real VMs on this machine)")
 	var qf qemuFlags
 	qf.register(fs)
+	var nf netFlags
+	nf.register(fs, true)
 	fleetFile := fs.String("fleet", "", "JSON file describing the local agent's fake hosts (default: a demo fleet)")
 	fs.DurationVar(&cfg.FakeDelay, "fake-delay", 500*time.Millisecond, "how long the local agent's fake driver takes per step")
 	fs.StringVar(&cfg.Billing.Currency, "billing-currency", "RUB", "ISO 4217 code of all amounts")
@@ -153,6 +155,10 @@ func serve(args []string) error {
 	if cfg.QEMU, err = qf.options(); err != nil {
 		return err
 	}
+	if cfg.QEMU.Network, err = nf.options(cfg.Driver, nf.hostIP); err != nil {
+		return err
+	}
+	cfg.QEMU.IP = nf.hostIP
 	if cfg.Billing.PresentationCurrency != "" {
 		if _, err := billing.ParseRate(cfg.Billing.PresentationRate); err != nil {
 			return fmt.Errorf("--billing-presentation-rate: %w", err)

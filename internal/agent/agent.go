@@ -54,7 +54,10 @@ type Config struct {
 	Concurrency int
 	// MaxBackoff caps the wait between retries after errors (default 10 s).
 	MaxBackoff time.Duration
-	Log        *slog.Logger
+	// Net is the host's bridged data plane (netplane.go), nil for
+	// user-mode networking.
+	Net *NetPlane
+	Log *slog.Logger
 }
 
 // JournalFile is the op journal's file name in the data directory.
@@ -172,6 +175,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { defer a.wg.Done(); a.heartbeatLoop(ctx) }()
 	go func() { defer a.wg.Done(); a.pollLoop(ctx) }()
 	go func() { defer a.wg.Done(); a.postLoop(ctx) }()
+	if a.cfg.Net != nil {
+		a.wg.Add(1)
+		go func() { defer a.wg.Done(); a.netLoop(ctx, a.cfg.Net) }()
+	}
 	<-ctx.Done()
 	a.wg.Wait()
 	a.sayStopped()
@@ -334,6 +341,7 @@ func (a *Agent) Heartbeat(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent: driver hosts: %w", err)
 	}
+	a.cfg.Net.describe(hosts)
 	if inv := inventoryKey(hosts); inv != a.registered {
 		var resp wire.HostsResponse
 		if err := a.c.do(ctx, "PUT", wire.PathHosts, 30*time.Second, wire.HostsRequest{Hosts: hosts}, &resp); err != nil {
@@ -601,6 +609,15 @@ func (a *Agent) call(ctx context.Context, op wire.Op) (out any, err error) {
 			return nil, err
 		}
 		return wire.SnapshotResult{SizeBytes: size}, nil
+	case wire.KindAttachPort, wire.KindDetachPort:
+		var p wire.PortArgs
+		if err := args(&p); err != nil {
+			return nil, err
+		}
+		if op.Kind == wire.KindAttachPort {
+			return nil, d.AttachPort(ctx, id, p.Port)
+		}
+		return nil, d.DetachPort(ctx, id, p.PortID)
 	case wire.KindAccess:
 		acc, err := d.Access(ctx, id)
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"nimbus/internal/fleet/wire"
+	"nimbus/internal/netstate"
 )
 
 // client speaks the agent API to one controller.
@@ -112,4 +113,20 @@ func (c *client) do(ctx context.Context, method, path string, timeout time.Durat
 		return fmt.Errorf("the controller's answer to %s is not what the agent expects: %w", path, err)
 	}
 	return nil
+}
+
+// netState long-polls for the host's network state newer than req.After.
+func (c *client) netState(ctx context.Context, req wire.NetStateRequest, timeout time.Duration) (*netstate.Host, error) {
+	var st netstate.Host
+	if err := c.do(ctx, "POST", wire.PathNetState, timeout, req, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// metadata relays one guest's metadata request.
+func (c *client) metadata(ctx context.Context, req wire.MetadataRequest, timeout time.Duration) (wire.MetadataResponse, error) {
+	var resp wire.MetadataResponse
+	err := c.do(ctx, "POST", wire.PathMetadata, timeout, req, &resp)
+	return resp, err
 }

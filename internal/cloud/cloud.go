@@ -59,13 +59,13 @@ var DefaultPorts = Ports{Identity: 5000, Compute: 8774, Image: 9292, Network: 96
 // Config is what a controller needs to start.
 type Config struct {
 	DataDir     string
-	// Provider is the provider network the public network's subnet
-	// follows (default network.DefaultProvider).
-	Provider network.Provider
 	DatabaseURL string // default: SQLite file in DataDir
 	Listen      string // address to bind, default 0.0.0.0
 	PublicHost  string // host name put in catalog URLs; default from Listen
 	Ports       Ports
+	// Provider is the provider network the public network's subnet
+	// follows (default network.DefaultProvider).
+	Provider network.Provider
 	// AdminPassword and DemoPassword are used when the accounts are made
 	// on first start; empty means generate.
 	AdminPassword, DemoPassword string
@@ -325,6 +325,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Billing.SetFlavors(c.Compute) // quotes by flavor
 	c.Fleet.SetPlacements(c.Compute)
 	c.Networks.SetServerOwner(c.Compute)
+	c.Fleet.SetDataPlane(newDataPlane(c.Networks, c.Fleet, c.Compute)) // bridged hosts' network state (dataplane.go)
 	runCtx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 
@@ -429,6 +430,16 @@ const localAgentWait = 30 * time.Second
 // reported, so that compute's start-up reconcile sees them.
 func (c *Cloud) startLocalAgent(ctx context.Context) error {
 	cfg := c.Config
+	if cfg.QEMU.Network != nil && cfg.Driver != "qemu" {
+		return errors.New("cloud: bridged networking needs the qemu driver: the fake driver runs no VMs to wire")
+	}
+	np, err := NewNetPlane(cfg.QEMU)
+	if err != nil {
+		return err
+	}
+	if np != nil {
+		cfg.QEMU.Wiring = np
+	}
 	drv, err := newDriver(cfg)
 	if err != nil {
 		return err
@@ -457,7 +468,7 @@ func (c *Cloud) startLocalAgent(ctx context.Context) error {
 	c.Agent, err = agent.New(agent.Config{
 		ControllerURL: "https://" + net.JoinHostPort(loopback(cfg.Listen), port),
 		CACertFile:    c.CACertFile, DataDir: cfg.DataDir, Name: "local", Driver: drv,
-		Heartbeat: cfg.AgentHeartbeat, Log: cfg.Log.With("component", "agent"),
+		Heartbeat: cfg.AgentHeartbeat, Net: np, Log: cfg.Log.With("component", "agent"),
 	})
 	if err != nil {
 		return err
@@ -468,6 +479,9 @@ func (c *Cloud) startLocalAgent(ctx context.Context) error {
 	go func() {
 		defer close(c.agentDone)
 		errc <- c.Agent.Run(actx)
+		if np != nil {
+			np.Close()
+		}
 	}()
 	t := time.NewTimer(localAgentWait)
 	defer t.Stop()

@@ -1,14 +1,17 @@
 package cloud
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
 
+	"nimbus/internal/agent"
 	"nimbus/internal/driver"
 	"nimbus/internal/driver/qemu"
 	"nimbus/internal/host"
+	"nimbus/internal/netplane"
 )
 
 // QEMUOptions configure the QEMU driver of the host an agent runs on.
@@ -35,7 +38,53 @@ type QEMUOptions struct {
 	// ConsoleListen is where the VNC relay listens for the console proxy
 	// (default: the host's IP, any free port).
 	ConsoleListen string
-	Log           *slog.Logger
+	// Network is the bridged data plane's settings (--network-mode
+	// bridged); nil is user-mode networking.
+	Network *NetworkOptions
+	// Wiring is the agent's data plane that a bridged driver waits on
+	// (NewNetPlane's); needed when Network is set.
+	Wiring qemu.Wiring
+	Log    *slog.Logger
+}
+
+// NetworkOptions are a bridged host's data plane settings. IP (the
+// --host-ip) is the host's VXLAN underlay address.
+type NetworkOptions struct {
+	// UnderlayMTU is the underlay's MTU (0: the link's).
+	UnderlayMTU int
+	// ProviderBridge is an existing bridge on the provider network; or
+	// ProviderInterface an interface on it, which the agent enslaves to a
+	// bridge of its own. Either makes the host a gateway host.
+	ProviderBridge, ProviderInterface string
+	// NamespacePrefix starts the names of the host's DHCP and router
+	// namespaces (default netplane.DefaultPrefix): simulated hosts on one
+	// machine each need their own.
+	NamespacePrefix string
+}
+
+// NewNetPlane makes the host's bridged data plane from o, nil in
+// user-mode networking. A provider interface is enslaved to the agent's
+// provider bridge here.
+func NewNetPlane(o QEMUOptions) (*agent.NetPlane, error) {
+	n := o.Network
+	if n == nil {
+		return nil, nil
+	}
+	if o.IP == "" {
+		return nil, errors.New("cloud: bridged networking needs the host's underlay address (--host-ip)")
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	bridge := n.ProviderBridge
+	if n.ProviderInterface != "" {
+		var err error
+		if bridge, err = agent.ProviderBridge(n.ProviderInterface); err != nil {
+			return nil, err
+		}
+	}
+	return agent.NewNetPlane(netplane.Config{VTEP: o.IP, UnderlayMTU: n.UnderlayMTU, ProviderBridge: bridge, Prefix: n.NamespacePrefix,
+		Log: o.Log.With("component", "netplane")})
 }
 
 // NewQEMUDriver reads this host's inventory and makes its QEMU driver.
@@ -59,7 +108,14 @@ func NewQEMUDriver(o QEMUOptions) (*qemu.Driver, error) {
 	if access == "" {
 		access = h.IP
 	}
-	return qemu.New(qemu.Config{DataDir: dir, Accel: o.Accel, Host: h, Net: qemu.UserNet{AccessHost: access},
+	var net qemu.DataPlane = qemu.UserNet{AccessHost: access}
+	if o.Network != nil {
+		if o.Wiring == nil {
+			return nil, errors.New("qemu: bridged networking without the agent's data plane")
+		}
+		net = qemu.BridgedNet{Wiring: o.Wiring}
+	}
+	return qemu.New(qemu.Config{DataDir: dir, Accel: o.Accel, Host: h, Net: net,
 		Sandbox: !o.NoSandbox, RunAs: o.RunAs, ConsoleListen: o.ConsoleListen, Log: o.Log})
 }
 

@@ -91,6 +91,13 @@ func (u *unitNetworks) Addresses(context.Context, []network.ServerRef) (map[stri
 	return map[string]map[string][]network.Address{}, nil
 }
 func (u *unitNetworks) ReleaseServer(context.Context, *store.Tx, string) error { return nil }
+func (u *unitNetworks) ServerInterfaces(context.Context, network.ServerRef) ([]network.Interface, error) {
+	return nil, nil
+}
+func (u *unitNetworks) ReleasePort(context.Context, *store.Tx, string, string) error {
+	return store.ErrNotFound
+}
+func (u *unitNetworks) NetworkChanged() {}
 
 // unitHost is a host with room for two unitFlavor servers: four pCPUs
 // (one socket of three cores, the first kept for the host).

@@ -54,6 +54,9 @@ func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, 
 	if err != nil {
 		return s.specFailed(ctx, sv, taskSpawning, event, started, err, sv.VMState == vmBuilding)
 	}
+	// The placement is committed: the host wires the ports while the
+	// driver prepares the VM, which waits for them.
+	s.networks.NetworkChanged()
 	if err := retry(ctx, func() error { return s.driver.Spawn(ctx, spec) }); err != nil {
 		if ctx.Err() == nil {
 			_ = s.driver.Destroy(ctx, sv.ID)
@@ -159,7 +162,7 @@ func (s *Service) stepOffload(ctx context.Context, sv *server, started time.Time
 	if err := retry(ctx, func() error { return s.driver.Destroy(ctx, sv.ID) }); err != nil {
 		return s.fail(ctx, sv, taskShelvingOffloading, "compute_shelve_offload_instance", started, err, false)
 	}
-	return s.commit(ctx, sv.ID, taskShelvingOffloading, func(tx *store.Tx, cur *server) error {
+	err := s.commit(ctx, sv.ID, taskShelvingOffloading, func(tx *store.Tx, cur *server) error {
 		cur.VMState, cur.TaskState, cur.Power = vmShelvedOffloaded, "", int(driver.Shutdown)
 		cur.Host = ""
 		if err := s.releaseServer(ctx, tx, cur.ID); err != nil {
@@ -167,6 +170,10 @@ func (s *Service) stepOffload(ctx context.Context, sv *server, started time.Time
 		}
 		return s.finish(ctx, tx, cur, "compute_shelve_offload_instance", started, nil)
 	})
+	if err == nil {
+		s.networks.NetworkChanged() // its ports leave the host
+	}
+	return err
 }
 
 func (s *Service) stepUnshelve(ctx context.Context, sv *server, started time.Time) error {

@@ -76,6 +76,11 @@ type Networks interface {
 	ServerPorts(ctx context.Context, sv network.ServerRef) ([]network.ServerPort, error)
 	Addresses(ctx context.Context, servers []network.ServerRef) (map[string]map[string][]network.Address, error)
 	ReleaseServer(ctx context.Context, tx *store.Tx, serverID string) error
+	ServerInterfaces(ctx context.Context, sv network.ServerRef) ([]network.Interface, error)
+	ReleasePort(ctx context.Context, tx *store.Tx, serverID, portID string) error
+	// NetworkChanged tells the data plane that a server moved (placed
+	// on a host, or off one), so that the hosts' wiring follows at once.
+	NetworkChanged()
 }
 
 // Projects is what compute needs of the identity service
@@ -154,6 +159,7 @@ func (s *Service) Routes() []api.Route {
 	routes = append(routes, s.aggregateRoutes()...)
 	routes = append(routes, s.imageProxyRoutes()...)
 	routes = append(routes, s.consoleRoutes()...)
+	routes = append(routes, s.interfaceRoutes()...)
 	return routes
 }
 

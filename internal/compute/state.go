@@ -168,6 +168,8 @@ var actionRules = map[string]actionRule{
 	"delete":             {anyTask: true, lockChecked: true},
 	"get_console_output": {},
 	"changePassword":     {vmStates: []string{vmActive}, mustLaunched: true, lockChecked: true},
+	"attach_interface":   {vmStates: []string{vmActive, vmPaused, vmStopped}, mustLaunched: true, lockChecked: true},
+	"detach_interface":   {vmStates: []string{vmActive, vmPaused, vmStopped}, mustLaunched: true, lockChecked: true},
 	"update_tags":        {vmStates: []string{vmActive, vmPaused, vmSuspended, vmStopped, vmShelved, vmShelvedOffloaded}},
 	"delete_tags":        {vmStates: []string{vmActive, vmPaused, vmSuspended, vmStopped, vmShelved, vmShelvedOffloaded}},
 }

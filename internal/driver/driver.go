@@ -395,6 +395,13 @@ type Driver interface {
 	List(ctx context.Context) ([]Instance, error)
 	// State returns one server's power state.
 	State(ctx context.Context, id string) (PowerState, error)
+	// AttachPort gives a server a NIC on port, hot-plugged into a running
+	// or paused VM; a stopped one gets it at its next start. Attaching a
+	// port the server has is not an error.
+	AttachPort(ctx context.Context, id string, port Port) error
+	// DetachPort takes port portID's NIC out of a server, and out of its
+	// next start; a port the server does not have is not an error.
+	DetachPort(ctx context.Context, id, portID string) error
 }
 
 // ErrHostDown is returned by a driver that cannot reach the host a server

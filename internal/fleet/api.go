@@ -60,6 +60,8 @@ func (s *Service) Handler() http.Handler {
 		wire.PathPoll:      {http.MethodPost, true, maxPollBody, s.handlePoll},
 		wire.PathResults:   {http.MethodPost, true, maxResultsBody, s.handleResults},
 		wire.PathStop:      {http.MethodPost, true, maxPollBody, s.handleStop},
+		wire.PathNetState:  {http.MethodPost, true, maxPollBody, s.handleNetState},     // netstate.go
+		wire.PathMetadata:  {http.MethodPost, true, maxMetadataBody, s.handleMetadata}, // netstate.go
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {

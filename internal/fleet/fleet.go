@@ -73,6 +73,8 @@ type Service struct {
 	placements      atomic.Pointer[Placements]
 	inventories     sync.Map // host name → *parsedInventory
 
+	net netServing // the bridged data plane (netstate.go)
+
 	done      chan struct{}
 	closeOnce sync.Once
 }

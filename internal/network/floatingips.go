@@ -40,6 +40,7 @@ func (s *Service) checkSpend(ctx context.Context, project string) error {
 func (s *Service) DetachFloatingIPs(ctx context.Context, project string) (int, error) {
 	var n int64
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		s.changedAfterCommit(tx) // hoststate.go
 		res, err := tx.Exec(ctx, `UPDATE floatingips SET port_id = NULL, fixed_ip_address = NULL, updated_at = ?,
 			revision_number = revision_number + 1 WHERE project_id = ? AND port_id IS NOT NULL AND server_id IS NULL`, now(), project)
 		if err != nil {

@@ -18,19 +18,28 @@ type netRow struct {
 	CreatedAt, UpdatedAt                                    string
 	Revision                                                int64
 	Subnets                                                 []string
+	// SegmentationID is the network's VNI, nil for the flat public
+	// network; showProvider says the viewer is an admin, who alone sees
+	// the provider attributes (hoststate.go).
+	SegmentationID *int64
+	showProvider   bool
 }
 
 const netCols = `id, name, project_id, description, admin_state_up, shared, external, is_default, mtu,
-	port_security_enabled, tags, created_at, updated_at, revision_number`
+	port_security_enabled, tags, created_at, updated_at, revision_number, segmentation_id`
 
 func scanNet(sc interface{ Scan(...any) error }) (*netRow, error) {
 	var n netRow
 	var up, sh, ext, def, ps int
 	var tags string
+	var seg sql.NullInt64
 	err := sc.Scan(&n.ID, &n.Name, &n.ProjectID, &n.Description, &up, &sh, &ext, &def, &n.MTU, &ps, &tags,
-		&n.CreatedAt, &n.UpdatedAt, &n.Revision)
+		&n.CreatedAt, &n.UpdatedAt, &n.Revision, &seg)
 	if err != nil {
 		return nil, err
+	}
+	if seg.Valid {
+		n.SegmentationID = &seg.Int64
 	}
 	n.AdminStateUp, n.Shared, n.External, n.IsDefault, n.PortSecurity = up == 1, sh == 1, ext == 1, def == 1, ps == 1
 	n.Tags = tagsOf(tags)
@@ -48,12 +57,14 @@ func loadNets(ctx context.Context, q store.Querier, where string, args ...any) (
 		return nil, err
 	}
 	var out []*netRow
+	admin := api.CallerFrom(ctx).IsAdmin()
 	for rows.Next() {
 		n, err := scanNet(rows)
 		if err != nil {
 			rows.Close()
 			return nil, err
 		}
+		n.showProvider = admin
 		out = append(out, n)
 	}
 	rows.Close()
@@ -108,6 +119,11 @@ func (n *netRow) view() map[string]any {
 		"description": n.Description, "created_at": neutronTime(n.CreatedAt), "updated_at": neutronTime(n.UpdatedAt),
 		"revision_number": n.Revision, "ipv4_address_scope": nil, "ipv6_address_scope": nil,
 		"l2_adjacency": true, "is_default": n.IsDefault,
+	}
+	if n.showProvider {
+		for k, x := range n.provider() {
+			v[k] = x
+		}
 	}
 	return v
 }

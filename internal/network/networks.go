@@ -105,7 +105,10 @@ func insertNet(ctx context.Context, q store.Querier, n *netRow, builtin string) 
 		return false, err
 	}
 	k, _ := res.RowsAffected()
-	return k == 1, nil
+	if k == 1 {
+		return true, assignSegment(ctx, q, n, builtin) // the network's VNI (hoststate.go)
+	}
+	return false, nil
 }
 
 // netAttrs applies the writable network attributes of b to n.
@@ -173,7 +176,8 @@ func netAttrs(c *api.Caller, b body, n *netRow, action string) error {
 }
 
 var networkCreateAttrs = []string{"name", "admin_state_up", "shared", "router:external", "tenant_id", "project_id",
-	"description", "mtu", "port_security_enabled", "is_default", "availability_zone_hints"}
+	"description", "mtu", "port_security_enabled", "is_default", "availability_zone_hints",
+	"provider:network_type", "provider:segmentation_id", "provider:physical_network"} // provider: hoststate.go
 
 func (s *Service) prepareNetwork(r *http.Request, c *api.Caller, b body) (*prepared, error) {
 	n := &netRow{AdminStateUp: true, PortSecurity: true, MTU: 1450, ID: newID()}
@@ -182,6 +186,9 @@ func (s *Service) prepareNetwork(r *http.Request, c *api.Caller, b body) (*prepa
 		return nil, err
 	}
 	if err := netAttrs(c, b, n, "create"); err != nil {
+		return nil, err
+	}
+	if err := providerAttrs(c, b, n); err != nil { // hoststate.go
 		return nil, err
 	}
 	return &prepared{
@@ -244,6 +251,9 @@ func (s *Service) deleteNetwork(r *http.Request) (*api.Response, error) {
 			return policyDenied("delete_network")
 		}
 		var ports, fips int
+		if err := deleteDHCPPort(r.Context(), tx, id); err != nil { // the system's own (hoststate.go)
+			return err
+		}
 		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM ports WHERE network_id = ?", id).Scan(&ports); err != nil {
 			return err
 		}
@@ -292,6 +302,9 @@ func (s *Service) listSubnets(r *http.Request) (*api.Response, error) {
 	for _, x := range subs {
 		items = append(items, x.view())
 	}
+	if err := withSubnetPools(r.Context(), s.db, items); err != nil {
+		return nil, err
+	}
 	return render(r, "subnets", items, subnetFilters)
 }
 
@@ -304,7 +317,16 @@ func (s *Service) showSubnet(r *http.Request) (*api.Response, error) {
 	if len(subs) == 0 {
 		return nil, errSubnetNotFound(id)
 	}
-	return showOne(r, 200, "subnet", subs[0].view()), nil
+	return s.subnetAnswer(r, 200, subs[0])
+}
+
+// subnetAnswer renders one subnet with the pool it came from.
+func (s *Service) subnetAnswer(r *http.Request, status int, sub *subnetRow) (*api.Response, error) {
+	v := sub.view()
+	if err := withSubnetPools(r.Context(), s.db, []map[string]any{v}); err != nil {
+		return nil, err
+	}
+	return showOne(r, status, "subnet", v), nil
 }
 
 func insertSubnet(ctx context.Context, q store.Querier, s *subnetRow) error {
@@ -456,7 +478,7 @@ func subnetAttrs(b body, s *subnetRow, p netip.Prefix) error {
 
 var subnetCreateAttrs = []string{"name", "network_id", "ip_version", "cidr", "gateway_ip", "allocation_pools",
 	"enable_dhcp", "dns_nameservers", "host_routes", "ipv6_ra_mode", "ipv6_address_mode", "description",
-	"tenant_id", "project_id", "subnetpool_id"}
+	"tenant_id", "project_id", "subnetpool_id", "prefixlen", "use_default_subnetpool"}
 
 func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepared, error) {
 	var err error
@@ -471,11 +493,6 @@ func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepar
 	if !ok {
 		return nil, nerr(400, "HTTPBadRequest", "Failed to parse request. Required attribute 'network_id' not specified")
 	}
-	if sp, ok, err := b.optStr("subnetpool_id"); err != nil {
-		return nil, err
-	} else if ok && sp != nil {
-		return nil, nerr(404, "SubnetPoolNotFound", "Subnet pool %s could not be found.", *sp)
-	}
 	ver, ok, err := b.integer("ip_version")
 	if err != nil {
 		return nil, err
@@ -487,21 +504,20 @@ func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepar
 		return nil, nerr(400, "HTTPBadRequest", "Invalid input for ip_version. Reason: %d is not in valid_values [4, 6].", *ver)
 	}
 	sub.IPVersion = *ver
-	cidr, ok, err := b.str("cidr", 64)
+	rq, err := poolRequestOf(b, sub.IPVersion)
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
-		return nil, badInput("A cidr must be specified in the absence of a subnet pool")
-	}
-	p, err := parseCIDR(cidr, sub.IPVersion)
-	if err != nil {
-		return nil, err
-	}
-	sub.CIDR = p.String()
-	if !b.has("gateway_ip") {
-		g := p.Masked().Addr().Next().String()
-		sub.Gateway = &g
+	if b.has("cidr") && !b.isNull("cidr") {
+		cidr, _, err := b.str("cidr", 64)
+		if err != nil {
+			return nil, err
+		}
+		p, err := parseCIDR(cidr, sub.IPVersion)
+		if err != nil {
+			return nil, err
+		}
+		rq.CIDR = &p
 	}
 	for _, k := range []string{"ipv6_ra_mode", "ipv6_address_mode"} {
 		v, ok, err := b.optStr(k)
@@ -523,9 +539,28 @@ func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepar
 			sub.AddrMode = v
 		}
 	}
-	if err := subnetAttrs(b, sub, p); err != nil {
-		return nil, err
+	// shape fixes the subnet's CIDR, default gateway and attributes; a
+	// subnet from a pool learns its CIDR only inside the transaction.
+	shape := func(p netip.Prefix) error {
+		sub.CIDR = p.String()
+		if !b.has("gateway_ip") {
+			g := p.Masked().Addr().Next().String()
+			sub.Gateway = &g
+		}
+		return subnetAttrs(b, sub, p)
 	}
+	if rq.PoolID == nil && !rq.UseDefault {
+		if rq.CIDR == nil {
+			return nil, badInput("A cidr must be specified in the absence of a subnet pool")
+		}
+		if rq.PrefixLen != nil {
+			return nil, subnetsBad("cidr and prefixlen must not be supplied together")
+		}
+		if err := shape(*rq.CIDR); err != nil {
+			return nil, err
+		}
+	}
+	var poolID string
 	insert := func(tx *store.Tx) error {
 		n, err := visibleNet(r.Context(), tx, c, netID)
 		if err != nil {
@@ -541,6 +576,24 @@ func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepar
 		if err := checkQuota(r.Context(), tx, sub.ProjectID, "subnet"); err != nil {
 			return err
 		}
+		sp, err := resolvePool(r.Context(), tx, c, sub.ProjectID, rq)
+		if err != nil {
+			return err
+		}
+		if sp != nil {
+			p, err := allocate(r.Context(), tx, sp, sub.ProjectID, rq)
+			if err != nil {
+				return err
+			}
+			if err := shape(p); err != nil {
+				return err
+			}
+			poolID = sp.ID
+		}
+		p, err := netip.ParsePrefix(sub.CIDR)
+		if err != nil {
+			return err
+		}
 		others, err := loadSubnets(r.Context(), tx, "network_id = ?", n.ID)
 		if err != nil {
 			return err
@@ -550,9 +603,22 @@ func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepar
 				return badInput("Requested subnet with cidr: %s for network: %s overlaps with another subnet", sub.CIDR, n.ID)
 			}
 		}
-		return insertSubnet(r.Context(), tx, sub)
+		if err := insertSubnet(r.Context(), tx, sub); err != nil {
+			return err
+		}
+		if sp != nil {
+			return setSubnetPool(r.Context(), tx, sub.ID, sp.ID)
+		}
+		return nil
 	}
-	return &prepared{insert: insert, view: sub.view}, nil
+	view := func() map[string]any {
+		v := sub.view()
+		if poolID != "" {
+			v["subnetpool_id"] = poolID
+		}
+		return v
+	}
+	return &prepared{insert: insert, view: view}, nil
 }
 
 func (s *Service) ownedSubnet(ctx context.Context, q store.Querier, c *api.Caller, id, action string) (*subnetRow, error) {
@@ -607,7 +673,7 @@ func (s *Service) updateSubnet(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return showOne(r, 200, "subnet", sub.view()), nil
+	return s.subnetAnswer(r, 200, sub)
 }
 
 func (s *Service) deleteSubnet(r *http.Request) (*api.Response, error) {
@@ -618,6 +684,9 @@ func (s *Service) deleteSubnet(r *http.Request) (*api.Response, error) {
 			return err
 		}
 		var n int
+		if err := releaseDHCPAddress(r.Context(), tx, id); err != nil { // hoststate.go
+			return err
+		}
 		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM ip_allocations WHERE subnet_id = ?", id).Scan(&n); err != nil {
 			return err
 		}

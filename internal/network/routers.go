@@ -4,7 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
 
 	"nimbus/internal/api"
 	"nimbus/internal/store"
@@ -24,6 +28,7 @@ type routerRow struct {
 	AdminStateUp, EnableSNAT         bool
 	GwNetworkID, GwPortID            *string
 	Tags                             []string
+	Routes                           []route // extra routes (extraroute)
 	CreatedAt, UpdatedAt             string
 	Revision                         int64
 	gwIPs                            []FixedIP
@@ -31,7 +36,7 @@ type routerRow struct {
 
 func loadRouters(ctx context.Context, q store.Querier, where string, args ...any) ([]*routerRow, error) {
 	rows, err := q.Query(ctx, `SELECT id, name, project_id, description, admin_state_up, gw_network_id, gw_port_id,
-		enable_snat, tags, created_at, updated_at, revision_number FROM routers WHERE `+where+" ORDER BY created_at, id", args...)
+		enable_snat, tags, routes, created_at, updated_at, revision_number FROM routers WHERE `+where+" ORDER BY created_at, id", args...)
 	if err != nil {
 		return nil, err
 	}
@@ -41,12 +46,14 @@ func loadRouters(ctx context.Context, q store.Querier, where string, args ...any
 		var rt routerRow
 		var up, snat int
 		var gwn, gwp sql.NullString
-		var tags string
+		var tags, routes string
 		if err := rows.Scan(&rt.ID, &rt.Name, &rt.ProjectID, &rt.Description, &up, &gwn, &gwp, &snat, &tags,
-			&rt.CreatedAt, &rt.UpdatedAt, &rt.Revision); err != nil {
+			&routes, &rt.CreatedAt, &rt.UpdatedAt, &rt.Revision); err != nil {
 			rows.Close()
 			return nil, err
 		}
+		rt.Routes = []route{}
+		_ = store.FromJSON(routes, &rt.Routes)
 		rt.AdminStateUp, rt.EnableSNAT = up == 1, snat == 1
 		rt.GwNetworkID, rt.GwPortID = nullStr(gwn), nullStr(gwp)
 		rt.Tags = tagsOf(tags)
@@ -86,7 +93,7 @@ func (rt *routerRow) view() map[string]any {
 	}
 	return map[string]any{
 		"id": rt.ID, "name": rt.Name, "status": "ACTIVE", "admin_state_up": rt.AdminStateUp,
-		"external_gateway_info": gw, "routes": []any{}, "project_id": rt.ProjectID, "tenant_id": rt.ProjectID,
+		"external_gateway_info": gw, "routes": rt.Routes, "project_id": rt.ProjectID, "tenant_id": rt.ProjectID,
 		"description": rt.Description, "tags": rt.Tags,
 		"created_at": neutronTime(rt.CreatedAt), "updated_at": neutronTime(rt.UpdatedAt), "revision_number": rt.Revision,
 	}
@@ -118,6 +125,8 @@ func routerRoutes(s *Service) []api.Route {
 		{Pattern: "DELETE /v2.0/routers/{id}", Handler: s.deleteRouter},
 		{Pattern: "PUT /v2.0/routers/{id}/add_router_interface", Handler: s.routerInterface(true)},
 		{Pattern: "PUT /v2.0/routers/{id}/remove_router_interface", Handler: s.routerInterface(false)},
+		{Pattern: "PUT /v2.0/routers/{id}/add_extraroutes", Handler: s.extraRoutes(addRoutes)},
+		{Pattern: "PUT /v2.0/routers/{id}/remove_extraroutes", Handler: s.extraRoutes(removeRoutes)},
 	}
 }
 
@@ -232,25 +241,34 @@ func routerAttrs(ctx context.Context, q store.Querier, c *api.Caller, b body, rt
 }
 
 func saveRouter(ctx context.Context, q store.Querier, rt *routerRow, insert bool) error {
+	if rt.Routes == nil {
+		rt.Routes = []route{}
+	}
 	if insert {
 		_, err := q.Exec(ctx, `INSERT INTO routers (id, name, project_id, description, admin_state_up, gw_network_id,
-			gw_port_id, enable_snat, tags, created_at, updated_at, revision_number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, '[]', ?, ?, 0)`,
+			gw_port_id, enable_snat, tags, routes, created_at, updated_at, revision_number)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, '[]', ?, ?, ?, 0)`,
 			rt.ID, rt.Name, rt.ProjectID, rt.Description, b2i(rt.AdminStateUp), rt.GwNetworkID, rt.GwPortID,
-			b2i(rt.EnableSNAT), rt.CreatedAt, rt.UpdatedAt)
+			b2i(rt.EnableSNAT), store.JSON(rt.Routes), rt.CreatedAt, rt.UpdatedAt)
 		return err
 	}
 	_, err := q.Exec(ctx, `UPDATE routers SET name = ?, description = ?, admin_state_up = ?, gw_network_id = ?,
-		gw_port_id = ?, enable_snat = ?, updated_at = ?, revision_number = ? WHERE id = ?`,
+		gw_port_id = ?, enable_snat = ?, routes = ?, updated_at = ?, revision_number = ? WHERE id = ?`,
 		rt.Name, rt.Description, b2i(rt.AdminStateUp), rt.GwNetworkID, rt.GwPortID, b2i(rt.EnableSNAT),
-		rt.UpdatedAt, rt.Revision, rt.ID)
+		store.JSON(rt.Routes), rt.UpdatedAt, rt.Revision, rt.ID)
 	return err
 }
 
 func (s *Service) createRouter(r *http.Request) (*api.Response, error) {
 	c := caller(r)
-	b, err := decodeBody(r, "router", "name", "admin_state_up", "description", "tenant_id", "project_id", "external_gateway_info")
+	b, err := decodeBody(r, "router", "name", "admin_state_up", "description", "tenant_id", "project_id",
+		"external_gateway_info", "routes")
 	if err != nil {
 		return nil, err
+	}
+	if b.has("routes") {
+		// extraroute's routes are allow_post False (neutron/api/v2/base.py)
+		return nil, nerr(400, "HTTPBadRequest", "Attribute 'routes' not allowed in POST")
 	}
 	rt := &routerRow{ID: newID(), AdminStateUp: true, EnableSNAT: true, Tags: []string{}}
 	if rt.ProjectID, err = projectFor(c, b, "router"); err != nil {
@@ -275,7 +293,7 @@ func (s *Service) createRouter(r *http.Request) (*api.Response, error) {
 
 func (s *Service) updateRouter(r *http.Request) (*api.Response, error) {
 	c := caller(r)
-	b, err := decodeBody(r, "router", "name", "admin_state_up", "description", "external_gateway_info")
+	b, err := decodeBody(r, "router", "name", "admin_state_up", "description", "external_gateway_info", "routes")
 	if err != nil {
 		return nil, err
 	}
@@ -287,6 +305,15 @@ func (s *Service) updateRouter(r *http.Request) (*api.Response, error) {
 		}
 		if err := routerAttrs(r.Context(), tx, c, b, rt); err != nil {
 			return err
+		}
+		if raw, ok := b["routes"]; ok {
+			routes, err := parseRoutes(raw)
+			if err != nil {
+				return err
+			}
+			if err := setRoutes(r.Context(), tx, rt, routes); err != nil {
+				return err
+			}
 		}
 		rt.UpdatedAt = now()
 		if err := checkRevision(r, rt.Revision); err != nil {
@@ -401,6 +428,17 @@ func addInterface(ctx context.Context, q store.Querier, c *api.Caller, rt *route
 		if len(p.FixedIPs) == 0 {
 			return nil, nerr(400, "BadRequest", "Bad router request: Router port must have at least one fixed IP.")
 		}
+		var subs []*subnetRow
+		for _, f := range p.FixedIPs {
+			sub, err := getSubnet(ctx, q, f.SubnetID)
+			if err != nil {
+				return nil, err
+			}
+			subs = append(subs, sub)
+		}
+		if err := checkRouterSubnets(ctx, q, rt, subs); err != nil {
+			return nil, err
+		}
 		if _, err := q.Exec(ctx, `UPDATE ports SET device_id = ?, device_owner = ?, bound_by = ?, bound_device = ?, status = 'ACTIVE',
 			security_groups = '[]', updated_at = ?, revision_number = revision_number + 1 WHERE id = ?`,
 			rt.ID, ownerRouterInterface, bindRouter, rt.ID, now(), p.ID); err != nil {
@@ -424,14 +462,8 @@ func addInterface(ctx context.Context, q store.Querier, c *api.Caller, rt *route
 	if sub.Gateway == nil {
 		return nil, nerr(400, "BadRequest", "Bad router request: Subnet for router interface must have a gateway IP.")
 	}
-	var n int
-	if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM ports p JOIN ip_allocations a ON a.owner_id = p.id
-		WHERE p.bound_by = ? AND p.bound_device = ? AND p.device_owner = ? AND a.subnet_id = ?`,
-		bindRouter, rt.ID, ownerRouterInterface, sub.ID).Scan(&n); err != nil {
+	if err := checkRouterSubnets(ctx, q, rt, []*subnetRow{sub}); err != nil {
 		return nil, err
-	}
-	if n > 0 {
-		return nil, nerr(400, "BadRequest", "Bad router request: Router already has a port on subnet %s.", sub.ID)
 	}
 	p := &portRow{ID: newID(), NetworkID: sub.NetworkID, ProjectID: rt.ProjectID, Status: "ACTIVE", DeviceID: rt.ID,
 		DeviceOwner: ownerRouterInterface, BoundBy: bindRouter, BoundDevice: rt.ID, AdminStateUp: true, PortSecurity: false}
@@ -459,6 +491,9 @@ func removeInterface(ctx context.Context, q store.Querier, rt *routerRow, subnet
 			}
 		}
 		if match {
+			if err := checkRoutesNeedNot(ctx, q, rt, p); err != nil {
+				return nil, err
+			}
 			return p, deletePortRow(ctx, q, p.ID)
 		}
 	}
@@ -466,4 +501,231 @@ func removeInterface(ctx context.Context, q store.Querier, rt *routerRow, subnet
 		return nil, nerr(404, "RouterInterfaceNotFound", "Router %s does not have an interface with id %s", rt.ID, portID)
 	}
 	return nil, nerr(404, "RouterInterfaceNotFoundForSubnet", "Router %s has no interface on subnet %s", rt.ID, subnetID)
+}
+
+// maxRoutes is neutron's max_routes default: extra routes per router.
+const maxRoutes = 30
+
+// parseRoutes reads a routes attribute as neutron_lib's type:hostroutes
+// validator does; null is no routes (convert_none_to_empty_list).
+func parseRoutes(raw json.RawMessage) ([]route, error) {
+	fail := func(format string, args ...any) error {
+		return nerr(400, "HTTPBadRequest", "Invalid input for routes. Reason: "+format+".", args...)
+	}
+	if strings.TrimSpace(string(raw)) == "null" {
+		return []route{}, nil
+	}
+	var items []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, fail("Invalid data format for hostroute: '%s'", string(raw))
+	}
+	out := make([]route, 0, len(items))
+	for _, it := range items {
+		var rt route
+		dst, okD := it["destination"]
+		nh, okN := it["nexthop"]
+		if len(it) != 2 || !okD || !okN || json.Unmarshal(dst, &rt.Destination) != nil || json.Unmarshal(nh, &rt.Nexthop) != nil {
+			return nil, fail("Validation of dictionary's keys failed. Expected keys: {'destination', 'nexthop'}")
+		}
+		p, err := netip.ParsePrefix(rt.Destination)
+		if err != nil {
+			return nil, fail("'%s' is not a valid IP subnet", rt.Destination)
+		}
+		if p.Masked() != p {
+			return nil, fail("'%s' isn't a recognized IP subnet cidr, '%s' is recommended", rt.Destination, p.Masked())
+		}
+		a, err := netip.ParseAddr(rt.Nexthop)
+		if err != nil {
+			return nil, fail("'%s' is not a valid IP address", rt.Nexthop)
+		}
+		rt.Destination, rt.Nexthop = p.String(), a.String()
+		if slices.Contains(out, rt) {
+			return nil, fail("Duplicate hostroute '%s'", routeRepr(rt))
+		}
+		out = append(out, rt)
+	}
+	return out, nil
+}
+
+// routeRepr is a route as neutron's messages print it (a Python dict).
+func routeRepr(rt route) string {
+	return fmt.Sprintf("{'destination': '%s', 'nexthop': '%s'}", rt.Destination, rt.Nexthop)
+}
+
+func routesRepr(routes []route) string {
+	parts := make([]string, 0, len(routes))
+	for _, rt := range routes {
+		parts = append(parts, routeRepr(rt))
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// routerAddrs are the subnets and addresses of all a router's ports, its
+// gateway included, as neutron's extraroute _validate_routes reads them.
+func routerAddrs(ctx context.Context, q store.Querier, rt *routerRow) ([]netip.Prefix, []netip.Addr, error) {
+	ports, err := loadPorts(ctx, q, "bound_by = ? AND bound_device = ?", bindRouter, rt.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	var cidrs []netip.Prefix
+	var ips []netip.Addr
+	for _, p := range ports {
+		for _, f := range p.FixedIPs {
+			sub, err := getSubnet(ctx, q, f.SubnetID)
+			if err != nil {
+				return nil, nil, err
+			}
+			cidr, err := netip.ParsePrefix(sub.CIDR)
+			if err != nil {
+				return nil, nil, err
+			}
+			ip, err := netip.ParseAddr(f.IPAddress)
+			if err != nil {
+				return nil, nil, err
+			}
+			cidrs, ips = append(cidrs, cidr), append(ips, ip)
+		}
+	}
+	return cidrs, ips, nil
+}
+
+// setRoutes replaces a router's extra routes after neutron's checks
+// (neutron/db/extraroute_db.py _validate_routes): at most maxRoutes, each
+// nexthop on a subnet of the router and not one of the router's own
+// addresses.
+func setRoutes(ctx context.Context, q store.Querier, rt *routerRow, routes []route) error {
+	if len(routes) > maxRoutes {
+		return nerr(400, "RoutesExhausted", "Unable to complete operation for %s. The number of routes exceeds the maximum %d.", rt.ID, maxRoutes)
+	}
+	cidrs, ips, err := routerAddrs(ctx, q, rt)
+	if err != nil {
+		return err
+	}
+	for _, r := range routes {
+		nh, _ := netip.ParseAddr(r.Nexthop)
+		if !slices.ContainsFunc(cidrs, func(c netip.Prefix) bool { return c.Contains(nh) }) {
+			return nerr(400, "InvalidRoutes", "Invalid format for routes: %s, The nexthop is not connected with router", routesRepr(routes))
+		}
+		if slices.Contains(ips, nh) {
+			return nerr(400, "InvalidRoutes", "Invalid format for routes: %s, The nexthop is used by router", routesRepr(routes))
+		}
+	}
+	rt.Routes = routes
+	return nil
+}
+
+// addRoutes is old with add merged in, exact duplicates once
+// (extraroute_db.py _add_extra_routes).
+func addRoutes(old, add []route) []route {
+	out := slices.Clone(old)
+	for _, r := range add {
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// removeRoutes is old without remove; removing a route that is not there
+// is no error (extraroute_db.py _remove_extra_routes).
+func removeRoutes(old, remove []route) []route {
+	return slices.DeleteFunc(slices.Clone(old), func(r route) bool { return slices.Contains(remove, r) })
+}
+
+// extraRoutes serves extraroute-atomic's add_extraroutes and
+// remove_extraroutes: {"router": {"routes": [...]}} in, the whole router
+// out, the new set checked as a PUT of routes would be.
+func (s *Service) extraRoutes(merge func(old, change []route) []route) api.HandlerFunc {
+	return func(r *http.Request) (*api.Response, error) {
+		c := caller(r)
+		b, err := decodeBody(r, "router", "routes")
+		if err != nil {
+			return nil, err
+		}
+		raw, ok := b["routes"]
+		if !ok {
+			return nil, nerr(400, "HTTPBadRequest", "Failed to parse request. Required attribute 'routes' not specified")
+		}
+		change, err := parseRoutes(raw)
+		if err != nil {
+			return nil, err
+		}
+		var rt *routerRow
+		err = s.db.Tx(r.Context(), func(tx *store.Tx) error {
+			if rt, err = ownedRouter(r.Context(), tx, c, pathID(r, "id")); err != nil {
+				return err
+			}
+			if err := setRoutes(r.Context(), tx, rt, merge(rt.Routes, change)); err != nil {
+				return err
+			}
+			rt.UpdatedAt = now()
+			rt.Revision++
+			return saveRouter(r.Context(), tx, rt, false)
+		})
+		if err != nil {
+			return nil, err
+		}
+		return api.JSON(200, map[string]any{"router": rt.view()}), nil
+	}
+}
+
+// checkRoutesNeedNot refuses to remove an interface whose subnet holds the
+// nexthop of one of the router's routes (extraroute_db.py
+// _confirm_router_interface_not_in_use).
+func checkRoutesNeedNot(ctx context.Context, q store.Querier, rt *routerRow, p *portRow) error {
+	for _, f := range p.FixedIPs {
+		sub, err := getSubnet(ctx, q, f.SubnetID)
+		if err != nil {
+			return err
+		}
+		cidr, err := netip.ParsePrefix(sub.CIDR)
+		if err != nil {
+			return err
+		}
+		for _, r := range rt.Routes {
+			if nh, err := netip.ParseAddr(r.Nexthop); err == nil && cidr.Contains(nh) {
+				return nerr(409, "RouterInterfaceInUseByRoute", "Router interface for subnet %s on router %s cannot be deleted, as it is required by one or more routes.", sub.ID, rt.ID)
+			}
+		}
+	}
+	return nil
+}
+
+// checkRouterSubnets refuses a new interface on a subnet the router is
+// already on, or one overlapping another interface's subnet
+// (neutron/db/l3_db.py _check_for_dup_router_subnets); the gateway's
+// subnet does not count.
+func checkRouterSubnets(ctx context.Context, q store.Querier, rt *routerRow, add []*subnetRow) error {
+	ports, err := loadPorts(ctx, q, "bound_by = ? AND bound_device = ? AND device_owner = ?", bindRouter, rt.ID, ownerRouterInterface)
+	if err != nil {
+		return err
+	}
+	var have []string
+	for _, p := range ports {
+		for _, f := range p.FixedIPs {
+			for _, n := range add {
+				if f.SubnetID == n.ID {
+					return nerr(400, "BadRequest", "Bad router request: Router already has a port on subnet %s.", n.ID)
+				}
+			}
+			have = append(have, f.SubnetID)
+		}
+	}
+	for _, id := range have {
+		old, err := getSubnet(ctx, q, id)
+		if err != nil {
+			return err
+		}
+		op, err := netip.ParsePrefix(old.CIDR)
+		if err != nil {
+			return err
+		}
+		for _, n := range add {
+			if np, err := netip.ParsePrefix(n.CIDR); err == nil && np.Overlaps(op) {
+				return nerr(400, "BadRequest", "Bad router request: Cidr %s of subnet %s overlaps with cidr %s of subnet %s.",
+					n.CIDR, n.ID, old.CIDR, old.ID)
+			}
+		}
+	}
+	return nil
 }

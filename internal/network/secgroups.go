@@ -376,6 +376,13 @@ func (s *Service) prepareRule(r *http.Request, c *api.Caller, b body) (*prepared
 	if rl.PortMax, _, err = b.integer("port_range_max"); err != nil {
 		return nil, err
 	}
+	for _, v := range []*int{rl.PortMin, rl.PortMax} {
+		// neutron/extensions/securitygroup.py convert_validate_port_value,
+		// applied to both bounds before the range is looked at.
+		if v != nil && (*v < 0 || *v > 65535) {
+			return nil, errPortValue(*v)
+		}
+	}
 	if err := checkRulePorts(rl); err != nil {
 		return nil, err
 	}
@@ -445,8 +452,14 @@ func (s *Service) prepareRule(r *http.Request, c *api.Caller, b body) (*prepared
 	return &prepared{insert: insert, view: rl.view}, nil
 }
 
-// checkRulePorts validates port ranges as neutron's
-// _validate_port_range does.
+func errPortValue(v int) *api.Error {
+	return nerr(400, "SecurityGroupInvalidPortValue", "Invalid value for port %d.", v)
+}
+
+// checkRulePorts validates port ranges as neutron's _validate_port_range
+// (neutron/db/securitygroups_db.py) does: a port protocol needs both bounds,
+// neither 0 and min <= max; ICMP's type and code are 0-255 and a code needs
+// a type.
 func checkRulePorts(rl *ruleRow) error {
 	if rl.PortMin == nil && rl.PortMax == nil {
 		return nil
@@ -456,25 +469,19 @@ func checkRulePorts(rl *ruleRow) error {
 	}
 	switch *rl.Protocol {
 	case "tcp", "udp", "sctp", "dccp", "udplite", "6", "17", "132", "33", "136":
-		if rl.PortMin == nil || rl.PortMax == nil {
-			// neutron treats a single bound as both bounds only via the CLI;
-			// the API requires min <= max when both are given.
-			if rl.PortMin == nil {
-				rl.PortMin = rl.PortMax
-			} else {
-				rl.PortMax = rl.PortMin
-			}
+		if (rl.PortMin != nil && *rl.PortMin == 0) || (rl.PortMax != nil && *rl.PortMax == 0) {
+			return errPortValue(0)
 		}
-		if *rl.PortMin < 1 || *rl.PortMax > 65535 || *rl.PortMin > *rl.PortMax {
-			if *rl.PortMin == 0 || *rl.PortMax == 0 {
-				return nerr(400, "SecurityGroupInvalidPortValue", "Invalid value for port %d.", 0)
-			}
+		if rl.PortMin == nil || rl.PortMax == nil || *rl.PortMin > *rl.PortMax {
 			return nerr(400, "SecurityGroupInvalidPortRange", "For TCP/UDP protocols, port_range_min must be <= port_range_max")
 		}
 	case "icmp", "icmpv6", "ipv6-icmp", "1", "58":
-		for _, v := range []*int{rl.PortMin, rl.PortMax} {
-			if v != nil && (*v < 0 || *v > 255) {
-				return nerr(400, "SecurityGroupInvalidIcmpValue", "Invalid value for ICMP %s (%s): %d. It must be 0 to 255.", "type", "port_range_min", *v)
+		for _, f := range []struct {
+			v           *int
+			field, attr string
+		}{{rl.PortMin, "type", "port_range_min"}, {rl.PortMax, "code", "port_range_max"}} {
+			if f.v != nil && *f.v > 255 {
+				return nerr(400, "SecurityGroupInvalidIcmpValue", "Invalid value for ICMP %s (%s) %d. It must be 0 to 255.", f.field, f.attr, *f.v)
 			}
 		}
 		if rl.PortMin == nil && rl.PortMax != nil {

@@ -51,6 +51,7 @@ type Service struct {
 	// projects finds the operator's project, owner of the public network;
 	// nil: the network is no project's.
 	projects Projects
+	dp       dataplane // the data plane's change feed (hoststate.go)
 	// provider is the provider network the public subnet follows.
 	provider Provider
 }
@@ -142,6 +143,7 @@ func (s *Service) Routes() []api.Route {
 	}
 	rt = append(rt, quotaRoutes(s)...)
 	rt = append(rt, routerRoutes(s)...)
+	rt = append(rt, poolRoutes(s)...)
 	// neutron takes a ".json" format suffix on any path
 	// (neutron/api/v2/router.py format suffixes); gophercloud uses it for
 	// quota details. A wildcard last segment strips it in pathID.
@@ -151,7 +153,7 @@ func (s *Service) Routes() []api.Route {
 			rt = append(rt, r)
 		}
 	}
-	return rt
+	return s.notifyWrites(rt)
 }
 
 // pathID is a path wildcard without neutron's optional ".json" suffix.
@@ -174,7 +176,7 @@ func (s *Service) resources(r *http.Request) (*api.Response, error) {
 	var out []any
 	for _, rc := range [][2]string{{"network", "networks"}, {"subnet", "subnets"}, {"port", "ports"},
 		{"security_group", "security-groups"}, {"security_group_rule", "security-group-rules"}, {"floatingip", "floatingips"},
-		{"router", "routers"}, {"quota", "quotas"}} {
+		{"router", "routers"}, {"quota", "quotas"}, {"subnetpool", "subnetpools"}} {
 		out = append(out, map[string]any{"name": rc[0], "collection": rc[1],
 			"links": []any{map[string]string{"rel": "self", "href": base + rc[1]}}})
 	}
@@ -186,6 +188,10 @@ type extension struct{ alias, name, desc string }
 // extensions are the API extensions this service really implements.
 var extensions = []extension{
 	{"allowed-address-pairs", "Allowed Address Pairs", "Provides allowed address pairs"},
+	{"default-subnetpools", "Default Subnetpools", "Provides ability to mark and use a subnetpool as the default."},
+	{"extraroute", "Neutron Extra Route", "Extra routes configuration for L3 router"},
+	{"extraroute-atomic", "Atomically add/remove extra routes",
+		"Edit extra routes of a router on server side by atomically adding/removing extra routes"},
 	{"binding", "Port Binding", "Expose port bindings of a virtual port to external application"},
 	{"external-net", "Neutron external network", "Adds external network attribute to network resource."},
 	{"filter-validation", "Filter parameters validation", "Provides validation on filter parameters."},
@@ -198,6 +204,7 @@ var extensions = []extension{
 	{"quotas", "Quota management support", "Expose functions for quotas management per project"},
 	{"quota_details", "Quota details management support", "Expose functions for quotas usage statistics per project"},
 	{"project-id", "project_id field enabled", "Extension that indicates that project_id field is enabled."},
+	{"provider", "Provider Network", "Expose mapping of virtual networks to physical networks"}, // hoststate.go
 	{"router", "Neutron L3 Router", "Router abstraction for basic L3 forwarding between L2 Neutron networks and access to external networks via a NAT gateway."},
 	{"ext-gw-mode", "Neutron L3 Configurable external gateway mode", "Extension of the router abstraction for specifying whether SNAT should occur on the external gateway"},
 	{"security-group", "security-group", "The security groups extension."},
@@ -210,6 +217,7 @@ var extensions = []extension{
 		"Enables to set tag on resources with standard attribute."},
 	{"standard-attr-timestamp", "Resource timestamps", "Adds created_at and updated_at fields to all Neutron resources that have Neutron standard attributes."},
 	{"stateful-security-group", "Stateful security group", "Indicates if the security group is stateful or not"},
+	{"subnet_allocation", "Subnet Allocation", "Enables allocation of subnets from a subnet pool"},
 	{"l2_adjacency", "L2 Adjacency", "Display L2 Adjacency for Neutron Networks."},
 }
 
@@ -506,6 +514,7 @@ func (s *Service) CreateServerPort(ctx context.Context, tx *store.Tx, projectID,
 	if err := insertPort(ctx, tx, p, reqs, ""); err != nil {
 		return nil, err
 	}
+	s.changedAfterCommit(tx) // hoststate.go
 	return s.toPort(ctx, tx, p)
 }
 
@@ -552,6 +561,7 @@ func (s *Service) BindPort(ctx context.Context, tx *store.Tx, projectID, portID,
 		// nova/exception.py PortInUse
 		return nerr(409, "PortInUse", "Port %s is still in use.", portID)
 	}
+	s.changedAfterCommit(tx) // hoststate.go
 	_, err = tx.Exec(ctx, `UPDATE ports SET device_id = ?, device_owner = 'compute:nova', bound_by = ?, bound_device = ?,
 		status = 'ACTIVE', updated_at = ?, revision_number = revision_number + 1 WHERE id = ?`,
 		serverID, bindCompute, serverID, now(), portID)
@@ -572,6 +582,7 @@ func (s *Service) AttachPublicIP(ctx context.Context, tx *store.Tx, projectID, s
 		return "", nerr(409, "ExternalNetworkNotFound", "The public network does not exist.")
 	}
 	f := &fipRow{ID: newID(), ProjectID: projectID, NetworkID: pub[0].ID, ServerID: &serverID}
+	s.changedAfterCommit(tx) // hoststate.go
 	if err := allocFIP(ctx, tx, f, ""); err != nil {
 		var e *api.Error
 		if errors.As(err, &e) && e.Type == "IpAddressGenerationFailure" {
@@ -581,11 +592,24 @@ func (s *Service) AttachPublicIP(ctx context.Context, tx *store.Tx, projectID, s
 	}
 	if fixed := firstV4(p.FixedIPs); fixed != "" {
 		f.PortID, f.FixedIP = &p.ID, &fixed
+		if err := ensurePublicPath(ctx, tx, projectID, v4Subnet(p.FixedIPs), pub[0].ID); err != nil {
+			return "", err
+		}
 	}
 	if err := insertFIP(ctx, tx, f); err != nil {
 		return "", err
 	}
 	return f.Address, nil
+}
+
+// v4Subnet is the subnet of firstV4's address.
+func v4Subnet(ips []FixedIP) string {
+	for _, f := range ips {
+		if a, err := netip.ParseAddr(f.IPAddress); err == nil && a.Is4() {
+			return f.SubnetID
+		}
+	}
+	return ""
 }
 
 func firstV4(ips []FixedIP) string {
@@ -600,6 +624,7 @@ func firstV4(ips []FixedIP) string {
 // ReleaseServer, in tx, deletes the ports made for a server, unbinds ports
 // the user brought, and releases the public IPs given with its flavor.
 func (s *Service) ReleaseServer(ctx context.Context, tx *store.Tx, serverID string) error {
+	s.changedAfterCommit(tx) // hoststate.go
 	fips, err := loadFIPs(ctx, tx, "server_id = ?", serverID)
 	if err != nil {
 		return err

@@ -195,21 +195,50 @@ const (
 // error with its standard error. The host key is not checked (test guests
 // only).
 func SSH(ctx context.Context, addr, user string, key ssh.Signer, command string) (string, error) {
-	cfg := &ssh.ClientConfig{
-		User:            user,
-		Auth:            []ssh.AuthMethod{ssh.PublicKeys(key)},
-		HostKeyCallback: ssh.InsecureIgnoreHostKey(), // test guests
-	}
-	client, err := connectSSH(ctx, addr, cfg)
+	return SSHVia(ctx, nil, addr, user, key, command)
+}
+
+// Dial makes a connection, as net.Dialer.DialContext does.
+type Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// SSHVia is SSH with connections made by dial (nil: net.Dialer's): from
+// inside a network namespace, say, or through another SSH connection as
+// a jump host.
+func SSHVia(ctx context.Context, dial Dial, addr, user string, key ssh.Signer, command string) (string, error) {
+	client, err := SSHClient(ctx, dial, addr, user, key)
 	if err != nil {
-		return "", fmt.Errorf("ssh %s@%s: %w", user, addr, err)
+		return "", err
 	}
 	defer client.Close()
 	return runSSH(ctx, client, command)
 }
 
+// SSHClient connects as SSHVia does and returns the client, whose Dial
+// reaches on from the server (a jump host).
+func SSHClient(ctx context.Context, dial Dial, addr, user string, key ssh.Signer) (*ssh.Client, error) {
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	cfg := &ssh.ClientConfig{
+		User:            user,
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(key)},
+		HostKeyCallback: ssh.InsecureIgnoreHostKey(), // test guests
+	}
+	client, err := connectSSH(ctx, dial, addr, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("ssh %s@%s: %w", user, addr, err)
+	}
+	return client, nil
+}
+
+// RunSSH runs command on client as SSH does.
+func RunSSH(ctx context.Context, client *ssh.Client, command string) (string, error) {
+	return runSSH(ctx, client, command)
+}
+
 // connectSSH connects to addr, trying again (see sshRetry) until ctx ends.
-func connectSSH(ctx context.Context, addr string, cfg *ssh.ClientConfig) (*ssh.Client, error) {
+func connectSSH(ctx context.Context, dial Dial, addr string, cfg *ssh.ClientConfig) (*ssh.Client, error) {
 	actx, cancel := context.WithCancel(ctx)
 	type result struct {
 		c   *ssh.Client
@@ -220,7 +249,7 @@ func connectSSH(ctx context.Context, addr string, cfg *ssh.ClientConfig) (*ssh.C
 	attempt := func() {
 		running++
 		go func() {
-			c, err := dialSSH(actx, addr, cfg)
+			c, err := dialSSH(actx, dial, addr, cfg)
 			results <- result{c, err}
 		}()
 	}
@@ -257,11 +286,10 @@ func connectSSH(ctx context.Context, addr string, cfg *ssh.ClientConfig) (*ssh.C
 	}
 }
 
-func dialSSH(ctx context.Context, addr string, cfg *ssh.ClientConfig) (*ssh.Client, error) {
+func dialSSH(ctx context.Context, dial Dial, addr string, cfg *ssh.ClientConfig) (*ssh.Client, error) {
 	actx, cancel := context.WithTimeout(ctx, sshBanner+sshHandshake)
 	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(actx, "tcp", addr)
+	conn, err := dial(actx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}

@@ -50,13 +50,15 @@ func view(r *http.Request, v *volRow) map[string]any {
 		"links": links(r, "volumes", v.ID), "user_id": v.UserID,
 		"bootable": strconv.FormatBool(v.Bootable), "encrypted": false,
 		"replication_status": nil, "consistencygroup_id": nil, "multiattach": false,
-		"attachments":                  []any{},
-		"os-vol-tenant-attr:tenant_id": v.ProjectID,
+		"attachments": []any{},
 	}
 	if len(v.ImageMetadata) > 0 {
 		out["volume_image_metadata"] = v.ImageMetadata
 	}
+	// Cinder's policy (volume_extension:volume_tenant_attribute and the
+	// host and migration attributes) shows these to admins only.
 	if admin {
+		out["os-vol-tenant-attr:tenant_id"] = v.ProjectID
 		out["migration_status"] = nil
 		out["os-vol-host-attr:host"] = "nimbus@network#network"
 		out["os-vol-mig-status-attr:migstat"] = nil

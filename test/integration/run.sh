@@ -396,6 +396,21 @@ life() {
 		jcheck "instance actions recorded (create, stop, start, reboot, shelve, unshelve)" \
 			'{"create","stop","start","reboot","shelve","unshelve"} <= {a["Action"] for a in d}'
 
+	# NIC hot-plug (os-interface): add and remove a port and a network.
+	local nic=""
+	ok "port create (to attach)" demo port create --network private "$name-nic" -f value -c id && nic=$OUT
+	ok "server add port" demo "${api[@]}" server add port "$s" "$nic"
+	ok "server add network" demo "${api[@]}" server add network "$s" private
+	ok "port list --server after adds" demo port list --server "$s" -f json &&
+		jcheck "server add port/network: three ports" "len(d) == 3 and '$nic' in str(d)"
+	ok "server remove port" demo "${api[@]}" server remove port "$s" "$nic"
+	ok "port list --server after remove port" demo port list --server "$s" -f json &&
+		jcheck "server remove port: two ports left" "len(d) == 2 and '$nic' not in str(d)"
+	ok "server remove network" demo "${api[@]}" server remove network "$s" private
+	ok "port list --server after remove network" demo port list --server "$s" -f json &&
+		jcheck "server remove network: no port left" 'd == []'
+	ok "port delete (detached)" demo port delete "$nic"
+
 	ok "server delete --wait (both)" demo "${api[@]}" server delete --wait "$name-1" "$name-2"
 	fails_with "server show after delete" "No server with a name or ID" demo "${api[@]}" server show "$s"
 	ok "server list after delete" demo "${api[@]}" server list --name "^$name-" -f json &&

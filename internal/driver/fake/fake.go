@@ -52,12 +52,14 @@ const (
 	OpResume   = "resume"
 	OpResize   = "resize"
 	OpSnapshot = "snapshot"
+	OpAttach   = "attach_port"
+	OpDetach   = "detach_port"
 )
 
 // How long each operation takes, in units of Config.Delay.
 var cost = map[string]int{
 	OpSpawn: 3, OpDestroy: 1, OpPowerOff: 1, OpPowerOn: 1, OpReboot: 2, OpPause: 1, OpUnpause: 1,
-	OpSuspend: 2, OpResume: 2, OpResize: 3, OpSnapshot: 2,
+	OpSuspend: 2, OpResume: 2, OpResize: 3, OpSnapshot: 2, OpAttach: 1, OpDetach: 1,
 }
 
 // maxConsoleLines bounds the console buffer each VM keeps.

@@ -183,6 +183,7 @@ func New(cfg Config) (*Driver, error) {
 	if d.accel, d.accelReason, err = Accelerator(cfg.Accel); err != nil {
 		return nil, err
 	}
+	d.cfg.Net = withAccel(d.cfg.Net, d.accel)
 	bind := ""
 	if un, ok := cfg.Net.(UserNet); ok {
 		bind = un.ListenAddr
@@ -733,15 +734,17 @@ func (d *Driver) create(ctx context.Context, v *vm, spec driver.Spec) error {
 		}
 		st.Firmware = "uefi"
 	}
-	guest := 22
-	if windows {
-		guest = 3389
+	if d.forwarding() {
+		guest := 22
+		if windows {
+			guest = 3389
+		}
+		hp, err := d.ports.take(v.id)
+		if err != nil {
+			return err
+		}
+		st.Forwards = map[int]int{guest: hp}
 	}
-	hp, err := d.ports.take(v.id)
-	if err != nil {
-		return err
-	}
-	st.Forwards = map[int]int{guest: hp}
 	st.Spec = spec
 	st.Spec.Image = img
 	st.Pinning = pinning(spec)
@@ -845,7 +848,7 @@ func (d *Driver) machine(id, dir string, st state, incoming string) (*Machine, e
 		return nil, err
 	}
 	ports := spec.Ports
-	if len(ports) == 0 {
+	if len(ports) == 0 && d.forwarding() {
 		// A server without ports still gets one NIC on slirp's default
 		// network, so that its forwarded ports reach it.
 		ports = []driver.Port{{ID: "default", CIDR: "10.0.2.0/24", IP: "10.0.2.15", Gateway: "10.0.2.2"}}
@@ -892,6 +895,9 @@ func nicModel(prop string) (string, error) {
 // launchRetry launches QEMU; when its forwarded host port was taken by
 // something else meanwhile, it takes another port and tries again.
 func (d *Driver) launchRetry(ctx context.Context, v *vm, incoming string) (*proc, error) {
+	if err := d.wire(ctx, v); err != nil {
+		return nil, err
+	}
 	for attempt := 0; ; attempt++ {
 		p, err := d.launch(ctx, v, incoming)
 		if err == nil || attempt == 2 || !errors.Is(err, errStartFailed) || !strings.Contains(err.Error(), "forwarding") {
@@ -1330,7 +1336,7 @@ func (d *Driver) Access(ctx context.Context, id string) ([]driver.Access, error)
 	if !v.ready || v.gone {
 		return nil, driver.ErrNotFound
 	}
-	acc := d.cfg.Net.Access(v.st.Forwards)
+	acc := d.access(v.st)
 	if acc == nil {
 		acc = []driver.Access{}
 	}

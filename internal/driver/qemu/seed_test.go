@@ -9,12 +9,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/kdomanski/iso9660"
 
 	"nimbus/internal/driver"
+	"nimbus/internal/metadata"
 )
 
 // seedSpec is a server with everything the metadata shows.
@@ -200,13 +202,13 @@ func TestSeedConfigDriveTree(t *testing.T) {
 		"services": [{"type": "dns", "address": "10.0.0.53"}, {"type": "dns", "address": "9.9.9.9"}]
 	}`)
 	jsonEqual(t, "ec2/latest/meta-data.json", files["ec2/latest/meta-data.json"], `{
-		"ami-id": "`+ec2ID("ami", sp.ImageID)+`",
+		"ami-id": "`+metadata.EC2ID("ami", sp.ImageID)+`",
 		"ami-launch-index": 0,
 		"ami-manifest-path": "FIXME",
 		"block-device-mapping": {"ami": "vda", "root": "/dev/vda"},
 		"hostname": "web-server-1",
 		"instance-action": "none",
-		"instance-id": "`+ec2ID("i", sp.ServerID)+`",
+		"instance-id": "`+metadata.EC2ID("i", sp.ServerID)+`",
 		"local-hostname": "web-server-1",
 		"local-ipv4": "10.0.0.5",
 		"placement": {"availability-zone": "zone-a"},
@@ -219,7 +221,7 @@ func TestSeedConfigDriveTree(t *testing.T) {
 	if files["ec2/2009-04-04/meta-data.json"] != files["ec2/latest/meta-data.json"] {
 		t.Error("ec2 2009-04-04 and latest differ")
 	}
-	if id := ec2ID("i", sp.ServerID); len(id) != 10 || !strings.HasPrefix(id, "i-") {
+	if id := metadata.EC2ID("i", sp.ServerID); len(id) != 10 || !strings.HasPrefix(id, "i-") {
 		t.Errorf("ec2 instance id %q", id)
 	}
 }
@@ -429,11 +431,96 @@ func TestSeedErrors(t *testing.T) {
 }
 
 func TestSeedIPv6Network(t *testing.T) {
-	nd, err := buildNetworkData([]driver.Port{{ID: "p", MAC: "fa:16:3e:00:00:01", IP: "fd00::5", CIDR: "fd00::/64", Gateway: "fd00::1"}})
+	md := seedMetadata(Seed{Spec: driver.Spec{Ports: []driver.Port{{ID: "p", MAC: "fa:16:3e:00:00:01", IP: "fd00::5", CIDR: "fd00::/64", Gateway: "fd00::1"}}}})
+	nd, err := md.NetworkData()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, _ := marshalJSON(nd.Networks)
-	jsonEqual(t, "networks", string(got), `[{"id": "network0", "type": "ipv6", "link": "tapp", "ip_address": "fd00::5", "netmask": "ffff:ffff:ffff:ffff::",
+	var got struct{ Networks json.RawMessage }
+	if err := json.Unmarshal(nd, &got); err != nil {
+		t.Fatal(err)
+	}
+	jsonEqual(t, "networks", string(got.Networks), `[{"id": "network0", "type": "ipv6", "link": "tapp", "ip_address": "fd00::5", "netmask": "ffff:ffff:ffff:ffff::",
 		"routes": [{"network": "::", "netmask": "::", "gateway": "fd00::1"}], "network_id": ""}]`)
+}
+
+// TestSeedAgreesWithMetadataService checks that a config drive says what
+// the metadata service answers for the same server: every openstack file
+// the same (meta_data.json but its random seed and the admin password,
+// which only the drive shows), and every leaf of ec2 meta-data.json the
+// service's answer at that path.
+func TestSeedAgreesWithMetadataService(t *testing.T) {
+	sp := seedSpec()
+	sp.UserData = []byte("#cloud-config\n")
+	sp.AdminPass = "drive-only"
+	sp.Cells = []driver.Cell{{Node: 0, CPUs: []int{4, 5}}}
+	s := Seed{ConfigDrive: true, Spec: sp, RandomSeed: fixedRandom, RootDevice: "/dev/sda"}
+	files, _, err := seedFiles(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(files["ec2/latest/meta-data.json"]), `"root":"/dev/sda"`) {
+		t.Errorf("the drive's root device: %s", files["ec2/latest/meta-data.json"])
+	}
+	svc := seedMetadata(s)
+	svc.AdminPass = ""
+	lookup := func(path string) string {
+		t.Helper()
+		a, err := svc.Lookup(path)
+		if err != nil || a.Status != 200 {
+			t.Fatalf("GET %s: %d %v", path, a.Status, err)
+		}
+		return string(a.Body)
+	}
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, sub := range v {
+				walk(path+"/"+k, sub)
+			}
+		case []any:
+			var lines []string
+			for _, x := range v {
+				lines = append(lines, x.(string))
+			}
+			if got := lookup(path); got != strings.Join(lines, "\n") {
+				t.Errorf("%s: service %q, drive %v", path, got, v)
+			}
+		case float64:
+			if got := lookup(path); got != strconv.Itoa(int(v)) {
+				t.Errorf("%s: service %q, drive %v", path, got, v)
+			}
+		default:
+			if got := lookup(path); got != v {
+				t.Errorf("%s: service %q, drive %q", path, got, v)
+			}
+		}
+	}
+	for path, body := range files {
+		switch {
+		case strings.HasSuffix(path, "/meta_data.json"):
+			var drive, got map[string]any
+			json.Unmarshal(body, &drive)
+			json.Unmarshal([]byte(lookup(path)), &got)
+			if drive["admin_pass"] != "drive-only" {
+				t.Errorf("%s: admin_pass %v", path, drive["admin_pass"])
+			}
+			for _, k := range []string{"random_seed", "admin_pass"} {
+				delete(drive, k)
+				delete(got, k)
+			}
+			if !reflect.DeepEqual(drive, got) {
+				t.Errorf("%s: service %v, drive %v", path, got, drive)
+			}
+		case strings.HasSuffix(path, "/meta-data.json"):
+			var md map[string]any
+			json.Unmarshal(body, &md)
+			walk(strings.TrimSuffix(path, ".json"), md)
+		default:
+			if got := lookup(path); got != string(body) {
+				t.Errorf("%s: service %q, drive %q", path, got, body)
+			}
+		}
+	}
 }

@@ -49,6 +49,9 @@ const (
 	KindConsole  = "console"
 	KindAccess   = "access"
 	KindVNC      = "vnc"
+	// KindAttachPort and KindDetachPort hot-plug a NIC (PortArgs).
+	KindAttachPort = "attach_port"
+	KindDetachPort = "detach_port"
 )
 
 // Error codes, in error bodies and in op results.
@@ -218,6 +221,13 @@ type ConsoleArgs struct {
 // SnapshotArgs are a snapshot's arguments: the image that receives the disk.
 type SnapshotArgs struct {
 	ImageID string `json:"image_id"`
+}
+
+// PortArgs are an attach_port's (Port) or a detach_port's (PortID)
+// arguments.
+type PortArgs struct {
+	Port   driver.Port `json:"port,omitzero"`
+	PortID string      `json:"port_id,omitempty"`
 }
 
 // VNCResult is a console endpoint query's result.
