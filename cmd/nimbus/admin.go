@@ -656,7 +656,7 @@ func (a *adminRun) printPrices(p *billing.PriceList) error {
 			"rate_scale": billing.RateScale, "hourly": p}})
 	}
 	rates := map[string]int64{"vcpu": p.VCPU, "ram_gb": p.RAMGB, "public_ipv4": p.PublicIPv4, "windows_vcpu": p.WindowsVCPU,
-		"windows_server": p.WindowsServer, "volume_gb": p.VolumeGB, "backup_gb": p.BackupGB, "image_gb": p.ImageGB}
+		"windows_server": p.WindowsServer, "volume_gb": p.VolumeGB, "snapshot_gb": p.SnapshotGB, "backup_gb": p.BackupGB, "image_gb": p.ImageGB}
 	for k, v := range p.DiskGB {
 		rates["disk_gb:"+k] = v
 	}

@@ -81,7 +81,7 @@ func (s *Service) Prices(ctx context.Context) (*PriceList, error) {
 }
 
 // SetPrices changes the named rates, keyed as billing_prices keys them:
-// vcpu, ram_gb, public_ipv4, windows_vcpu, windows_server, volume_gb,
+// vcpu, ram_gb, public_ipv4, windows_vcpu, windows_server, volume_gb, snapshot_gb,
 // backup_gb, image_gb, disk_gb:<type>, gpu:<model> (rate units per hour) and
 // term:<months> (discount in basis points). Unknown keys and rates out of
 // range change nothing. It answers the list as saved.
@@ -116,7 +116,7 @@ func (s *Service) SetPrices(ctx context.Context, rates map[string]int64) (*Price
 // ignores other keys, which would make a typo a silent no-op.
 func priceKey(k string) bool {
 	switch k {
-	case "vcpu", "ram_gb", "public_ipv4", "windows_vcpu", "windows_server", "volume_gb", "backup_gb", "image_gb":
+	case "vcpu", "ram_gb", "public_ipv4", "windows_vcpu", "windows_server", "volume_gb", "snapshot_gb", "backup_gb", "image_gb":
 		return true
 	}
 	for _, prefix := range []string{"disk_gb:", "gpu:", "term:"} {

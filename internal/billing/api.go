@@ -396,7 +396,7 @@ func (s *Service) putPrices(r *http.Request) (*api.Response, error) {
 		return nil, api.BadRequest("'hourly' is a required property")
 	}
 	if err := api.UnknownFields(body.Hourly, "vcpu", "ram_gb", "disk_gb", "gpu", "public_ipv4", "windows_vcpu",
-		"windows_server", "volume_gb", "backup_gb", "image_gb"); err != nil {
+		"windows_server", "volume_gb", "snapshot_gb", "backup_gb", "image_gb"); err != nil {
 		return nil, err
 	}
 	var out *PriceList

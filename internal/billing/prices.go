@@ -33,6 +33,7 @@ type PriceList struct {
 	WindowsVCPU   int64            `json:"windows_vcpu"`   // Windows licence per vCPU
 	WindowsServer int64            `json:"windows_server"` // Windows licence per server
 	VolumeGB      int64            `json:"volume_gb"`
+	SnapshotGB    int64            `json:"snapshot_gb"` // volume snapshots
 	BackupGB      int64            `json:"backup_gb"`
 	ImageGB       int64            `json:"image_gb"` // stored image data other than backups
 	// TermDiscounts are the prepaid terms on sale: months → discount in
@@ -46,7 +47,7 @@ type PriceList struct {
 func (p *PriceList) rates() (map[string]*int64, map[string]map[string]int64) {
 	return map[string]*int64{"vcpu": &p.VCPU, "ram_gb": &p.RAMGB, "public_ipv4": &p.PublicIPv4,
 			"windows_vcpu": &p.WindowsVCPU, "windows_server": &p.WindowsServer, "volume_gb": &p.VolumeGB,
-			"backup_gb": &p.BackupGB, "image_gb": &p.ImageGB},
+			"snapshot_gb": &p.SnapshotGB, "backup_gb": &p.BackupGB, "image_gb": &p.ImageGB},
 		map[string]map[string]int64{"disk_gb:": p.DiskGB, "gpu:": p.GPU, "term:": p.TermDiscounts}
 }
 
@@ -152,6 +153,7 @@ type Choice struct {
 	PublicIPv4 bool   `json:"public_ipv4"`
 	OSType     string `json:"os_type,omitempty"` // "windows" adds the licence
 	VolumeGB   int64  `json:"volume_gb,omitempty"`
+	SnapshotGB int64  `json:"snapshot_gb,omitempty"`
 	BackupGB   int64  `json:"backup_gb,omitempty"`
 	ImageGB    int64  `json:"image_gb,omitempty"`
 	Quantity   int64  `json:"quantity"` // 0 means 1
@@ -260,7 +262,7 @@ func (p *PriceList) Quote(c Choice, currency string, hoursPerMonth int) (Quote, 
 	switch {
 	case c.VCPUs < 0 || c.VCPUs > maxUnits, c.DiskGB < 0 || c.DiskGB > maxUnits,
 		c.GPUCount < 0 || c.GPUCount > maxUnits, c.RAMMB < 0 || c.RAMMB > maxRAMMB,
-		c.VolumeGB < 0 || c.VolumeGB > maxUnits, c.BackupGB < 0 || c.BackupGB > maxUnits,
+		c.VolumeGB < 0 || c.VolumeGB > maxUnits, c.SnapshotGB < 0 || c.SnapshotGB > maxUnits, c.BackupGB < 0 || c.BackupGB > maxUnits,
 		c.ImageGB < 0 || c.ImageGB > maxUnits:
 		return q, fmt.Errorf("%w: vcpus, ram, disk_gb and gpu_count must be between 0 and %d", ErrInvalid, maxUnits)
 	case q.Quantity < 0 || q.Quantity > maxQuantity:
@@ -306,6 +308,7 @@ func (p *PriceList) Quote(c Choice, currency string, hoursPerMonth int) (Quote, 
 		add("os:windows", "server", 1, p.WindowsServer, 1)
 	}
 	add("volume", "GB", c.VolumeGB, p.VolumeGB, 1)
+	add("snapshot", "GB", c.SnapshotGB, p.SnapshotGB, 1)
 	add("backup", "GB", c.BackupGB, p.BackupGB, 1)
 	add("image", "GB", c.ImageGB, p.ImageGB, 1)
 	// Each item is below 2^48 minor units; check the products anyway.
@@ -331,6 +334,8 @@ func ChoiceOf(kind string, sp metering.Spec) Choice {
 		return Choice{PublicIPv4: true, Quantity: 1}
 	case metering.KindVolume:
 		return Choice{VolumeGB: sp.SizeGB, Quantity: 1}
+	case metering.KindSnapshot:
+		return Choice{SnapshotGB: sp.SizeGB, Quantity: 1}
 	case metering.KindBackup:
 		return Choice{BackupGB: sp.SizeGB, Quantity: 1}
 	case metering.KindImage:

@@ -30,7 +30,8 @@ const (
 	KindPublicIP = "public_ipv4"
 	KindVolume   = "volume"
 	KindBackup   = "backup"
-	KindImage    = "image" // stored image data other than backups
+	KindSnapshot = "volume_snapshot" // a Cinder volume snapshot
+	KindImage    = "image"           // stored image data other than backups
 )
 
 // Spec is what a resource is made of, as far as its price goes.

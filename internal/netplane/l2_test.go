@@ -54,6 +54,7 @@ type cloud struct {
 	hosts  []*simHost
 	nets   []netstate.Network
 	guests []*guest
+	groups []netstate.SecurityGroup // every host's, for ports with port security
 }
 
 // twoHosts makes two hosts joined by an underlay veth, each with a Plane.
@@ -232,6 +233,7 @@ func (c *cloud) state(h *simHost) *netstate.Host {
 			st.Ports = append(st.Ports, g.port)
 		}
 	}
+	st.SecurityGroups = c.groups
 	return st
 }
 

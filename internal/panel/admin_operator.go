@@ -522,7 +522,7 @@ var rateGroups = []struct {
 	{"Boot disks", []string{"disk_gb"}},
 	{"GPUs", []string{"gpu"}},
 	{"Licences", []string{"windows_vcpu", "windows_server"}},
-	{"Storage", []string{"volume_gb", "backup_gb", "image_gb"}},
+	{"Storage", []string{"volume_gb", "snapshot_gb", "backup_gb", "image_gb"}},
 	{"Other", nil},
 }
 
@@ -541,7 +541,7 @@ func rateLabel(q *req, key string) string {
 	}
 	labels := map[string]string{"vcpu": "vCPU", "ram_gb": "GB of RAM", "public_ipv4": "Public IPv4 address",
 		"windows_vcpu": "Windows licence per vCPU", "windows_server": "Windows licence per server",
-		"volume_gb": "GB of volume", "backup_gb": "GB of backup", "image_gb": "GB of image"}
+		"volume_gb": "GB of volume", "snapshot_gb": "GB of volume snapshot", "backup_gb": "GB of backup", "image_gb": "GB of image"}
 	if l, ok := labels[key]; ok {
 		return q.T(l)
 	}

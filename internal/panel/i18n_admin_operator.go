@@ -74,6 +74,7 @@ func init() {
 		"Windows licence per vCPU":   "Лицензия Windows за vCPU",
 		"Windows licence per server": "Лицензия Windows за сервер",
 		"GB of volume":               "ГБ тома",
+		"GB of volume snapshot":      "ГБ снимка тома",
 		"GB of backup":               "ГБ резервной копии",
 		"GB of image":                "ГБ образа",
 		"Nothing was changed.":       "Ничего не изменено.",

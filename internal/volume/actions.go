@@ -28,7 +28,9 @@ func (s *Service) action(r *http.Request) (*api.Response, error) {
 		case "os-set_bootable":
 			return s.setBootable(r, raw)
 		case "os-update_readonly_flag":
-			return s.updateReadonly(r, raw)
+			return s.updateReadonly(r, raw) // retype.go
+		case "os-retype":
+			return s.retype(r, raw)
 		}
 		return nil, api.BadRequest("There is no such action: %s", name)
 	}
@@ -173,23 +175,6 @@ func (s *Service) setBootable(r *http.Request, raw json.RawMessage) (*api.Respon
 		return nil, err
 	}
 	return api.Empty(http.StatusOK), nil
-}
-
-// updateReadonly is os-update_readonly_flag: accepted and kept in the
-// volume's admin metadata in Cinder; Nimbus volumes are always read-write
-// until attach exists, so only the value is checked.
-func (s *Service) updateReadonly(r *http.Request, raw json.RawMessage) (*api.Response, error) {
-	b, err := actionBody("os-update_readonly_flag", raw)
-	if err != nil {
-		return nil, err
-	}
-	if _, ok, err := b.boolean("readonly"); err != nil || !ok {
-		return nil, api.BadRequest("Must specify readonly in request.")
-	}
-	if _, err := ownedVol(r.Context(), s.db, caller(r), r.PathValue("id")); err != nil {
-		return nil, err
-	}
-	return api.Empty(http.StatusAccepted), nil
 }
 
 // ---- Metadata (cinder/api/v2/volume_metadata.py) ----

@@ -62,19 +62,25 @@ type volRow struct {
 	Metadata, ImageMetadata        map[string]string
 	Error                          string
 	CreatedAt, UpdatedAt           time.Time
+	SnapshotID, SourceVolID        string // what it was made from (snapshots.go)
+
+	// AdminMetadata is kept by the service, never the owner (readonly, retype.go).
+	AdminMetadata map[string]string
 }
 
 const volColumns = `v.id, v.project_id, v.user_id, v.name, v.description, v.size, v.new_size, v.status, v.volume_type_id,
-	COALESCE(t.name, ''), v.availability_zone, v.bootable, v.image_id, v.metadata, v.image_metadata, v.error, v.created_at, v.updated_at`
+	COALESCE(t.name, ''), v.availability_zone, v.bootable, v.image_id, v.metadata, v.image_metadata, v.error, v.created_at, v.updated_at,
+	v.snapshot_id, v.source_volid, v.admin_metadata`
 
 const volFrom = ` FROM volumes v LEFT JOIN volume_types t ON t.id = v.volume_type_id`
 
 func scanVol(sc interface{ Scan(...any) error }) (*volRow, error) {
 	v := &volRow{}
 	var boot int
-	var meta, imeta, created, updated string
+	var meta, imeta, admeta, created, updated string
 	if err := sc.Scan(&v.ID, &v.ProjectID, &v.UserID, &v.Name, &v.Description, &v.Size, &v.NewSize, &v.Status, &v.TypeID,
-		&v.TypeName, &v.Zone, &boot, &v.ImageID, &meta, &imeta, &v.Error, &created, &updated); err != nil {
+		&v.TypeName, &v.Zone, &boot, &v.ImageID, &meta, &imeta, &v.Error, &created, &updated,
+		&v.SnapshotID, &v.SourceVolID, &admeta); err != nil {
 		return nil, err
 	}
 	v.Bootable = boot != 0
@@ -83,6 +89,10 @@ func scanVol(sc interface{ Scan(...any) error }) (*volRow, error) {
 		return nil, err
 	}
 	if err := store.FromJSON(imeta, &v.ImageMetadata); err != nil {
+		return nil, err
+	}
+	v.AdminMetadata = map[string]string{}
+	if err := store.FromJSON(admeta, &v.AdminMetadata); err != nil {
 		return nil, err
 	}
 	v.CreatedAt, v.UpdatedAt = store.ParseTime(created), store.ParseTime(updated)
@@ -116,10 +126,12 @@ func loadVols(ctx context.Context, q store.Querier, where string, args ...any) (
 
 func insertVol(ctx context.Context, q store.Querier, v *volRow) error {
 	_, err := q.Exec(ctx, `INSERT INTO volumes (id, project_id, user_id, name, description, size, new_size, status,
-		volume_type_id, availability_zone, bootable, image_id, metadata, image_metadata, error, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, '', ?, ?)`,
+		volume_type_id, availability_zone, bootable, image_id, metadata, image_metadata, error, created_at, updated_at,
+		snapshot_id, source_volid)
+		VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?)`,
 		v.ID, v.ProjectID, v.UserID, v.Name, v.Description, v.Size, v.Status, v.TypeID, v.Zone, b2i(v.Bootable),
-		v.ImageID, store.JSON(v.Metadata), store.JSON(v.ImageMetadata), store.FormatTime(v.CreatedAt), store.FormatTime(v.UpdatedAt))
+		v.ImageID, store.JSON(v.Metadata), store.JSON(v.ImageMetadata), store.FormatTime(v.CreatedAt), store.FormatTime(v.UpdatedAt),
+		v.SnapshotID, v.SourceVolID)
 	return err
 }
 

@@ -13,8 +13,10 @@ import (
 
 // quotaDefaults are Cinder's default per-project limits
 // (cinder/quota.py quota_volumes, quota_gigabytes, …); -1 is unlimited.
-// Nimbus enforces volumes, gigabytes and per_volume_gigabytes; the others
-// are kept and shown for the resources to come.
+// Nimbus enforces volumes, gigabytes (snapshots counted in) and
+// per_volume_gigabytes, snapshots (snapshots.go), backups and
+// backup_gigabytes (backups.go), and the per-type volumes_, gigabytes_ and
+// snapshots_<type> (retype.go); groups is kept and shown.
 var quotaDefaults = map[string]int64{
 	"volumes": 10, "gigabytes": 1000, "snapshots": 10, "backups": 10, "backup_gigabytes": 1000,
 	"per_volume_gigabytes": -1, "groups": 10,
@@ -43,10 +45,12 @@ func quotaOf(ctx context.Context, q store.Querier, project string) (map[string]i
 }
 
 // usage is what a project's volumes take: their count and gigabytes, an
-// extend in progress counted at its new size.
+// extend in progress counted at its new size, and its snapshots'
+// gigabytes, which count in the same quota as in Cinder.
 func usage(ctx context.Context, q store.Querier, project string) (volumes, gigabytes int64, err error) {
 	err = q.QueryRow(ctx, `SELECT COUNT(*), COALESCE(SUM(CASE WHEN new_size > size THEN new_size ELSE size END), 0)
-		FROM volumes WHERE project_id = ?`, project).Scan(&volumes, &gigabytes)
+		+ (SELECT COALESCE(SUM(size), 0) FROM volume_snapshots WHERE project_id = ?)
+		FROM volumes WHERE project_id = ?`, project, project).Scan(&volumes, &gigabytes)
 	return
 }
 
@@ -98,11 +102,19 @@ func (s *Service) limits(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	bks, bkGB, err := backupUsage(ctx, s.db, project)
+	if err != nil {
+		return nil, err
+	}
+	snaps, _, err := snapshotUsage(ctx, s.db, project)
+	if err != nil {
+		return nil, err
+	}
 	return api.JSON(200, map[string]any{"limits": map[string]any{"rate": []any{}, "absolute": map[string]any{
 		"maxTotalVolumes": lim["volumes"], "maxTotalVolumeGigabytes": lim["gigabytes"],
 		"maxTotalSnapshots": lim["snapshots"], "maxTotalBackups": lim["backups"], "maxTotalBackupGigabytes": lim["backup_gigabytes"],
 		"totalVolumesUsed": vols, "totalGigabytesUsed": gb,
-		"totalSnapshotsUsed": 0, "totalBackupsUsed": 0, "totalBackupGigabytesUsed": 0,
+		"totalSnapshotsUsed": snaps, "totalBackupsUsed": bks, "totalBackupGigabytesUsed": bkGB,
 	}}}), nil
 }
 
@@ -122,10 +134,16 @@ func quotaProject(r *http.Request) (string, error) {
 // _format_quota_set).
 func quotaSetView(ctx context.Context, q store.Querier, project string, lim map[string]int64, withUsage bool) (map[string]any, error) {
 	out := map[string]any{"id": project}
-	var vols, gb int64
+	var vols, gb, bks, bkGB, snaps int64
 	if withUsage {
 		var err error
 		if vols, gb, err = usage(ctx, q, project); err != nil {
+			return nil, err
+		}
+		if bks, bkGB, err = backupUsage(ctx, q, project); err != nil {
+			return nil, err
+		}
+		if snaps, _, err = snapshotUsage(ctx, q, project); err != nil {
 			return nil, err
 		}
 	}
@@ -140,6 +158,12 @@ func quotaSetView(ctx context.Context, q store.Querier, project string, lim map[
 			used = vols
 		case "gigabytes":
 			used = gb
+		case "backups":
+			used = bks
+		case "snapshots":
+			used = snaps
+		case "backup_gigabytes":
+			used = bkGB
 		}
 		out[k] = map[string]int64{"limit": v, "in_use": used, "reserved": 0, "allocated": 0}
 	}
@@ -199,6 +223,14 @@ func (s *Service) updateQuota(r *http.Request) (*api.Response, error) {
 		if err != nil {
 			return err
 		}
+		bks, bkGB, err := backupUsage(ctx, tx, p)
+		if err != nil {
+			return err
+		}
+		snaps, _, err := snapshotUsage(ctx, tx, p)
+		if err != nil {
+			return err
+		}
 		set := map[string]int64{}
 		for k, raw := range b {
 			if k == "id" || k == "tenant_id" || k == "project_id" {
@@ -224,7 +256,7 @@ func (s *Service) updateQuota(r *http.Request) (*api.Response, error) {
 			if v < -1 {
 				return invalidInput("Quota limit must be -1 or greater.")
 			}
-			used := map[string]int64{"volumes": vols, "gigabytes": gb}[k]
+			used := map[string]int64{"volumes": vols, "gigabytes": gb, "backups": bks, "backup_gigabytes": bkGB, "snapshots": snaps}[k]
 			if v >= 0 && v < used {
 				return invalidInput("Quota %s limit must be equal or greater than existing resources. Current usage is %d and the requested limit is %d.", k, used, v)
 			}

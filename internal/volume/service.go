@@ -46,6 +46,9 @@ type Config struct {
 	QemuImg string
 	// Billing, when set, is asked before a volume is created or extended.
 	Billing SpendGate
+	// BackupDir holds the volume backups (backupstore.go); "" is "backups"
+	// beside DataDir.
+	BackupDir string
 }
 
 // SpendGate is what volumes ask before a project starts or raises a charge
@@ -68,6 +71,9 @@ type Service struct {
 	ctx   context.Context // background work; cancelled when Run returns
 	stop  context.CancelFunc
 	queue *workqueue.Queue // data work by volume id (worker.go)
+
+	backupStore *BackupStore     // backups.go
+	backupQueue *workqueue.Queue // backup work by backup id
 }
 
 // New makes the block storage service.
@@ -82,6 +88,7 @@ func New(cfg Config) *Service {
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.startWorkers()
+	s.startBackups(cfg.BackupDir)
 	return s
 }
 
@@ -141,6 +148,29 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "PUT /v3/volumes/{id}/metadata/{key}", Handler: s.putMetadataItem},
 		{Pattern: "DELETE /v3/volumes/{id}/metadata/{key}", Handler: s.deleteMetadataItem},
 
+		{Pattern: "GET /v3/snapshots", Handler: s.listSnapshots(false)},
+		{Pattern: "GET /v3/snapshots/detail", Handler: s.listSnapshots(true)},
+		{Pattern: "POST /v3/snapshots", Handler: s.createSnapshot},
+		{Pattern: "GET /v3/snapshots/{id}", Handler: s.showSnapshot},
+		{Pattern: "PUT /v3/snapshots/{id}", Handler: s.updateSnapshot},
+		{Pattern: "DELETE /v3/snapshots/{id}", Handler: s.deleteSnapshot},
+		{Pattern: "POST /v3/snapshots/{id}/action", Handler: s.snapshotAction},
+		{Pattern: "GET /v3/snapshots/{id}/metadata", Handler: s.listSnapMetadata},
+		{Pattern: "POST /v3/snapshots/{id}/metadata", Handler: s.setSnapMetadata(false)},
+		{Pattern: "PUT /v3/snapshots/{id}/metadata", Handler: s.setSnapMetadata(true)},
+		{Pattern: "GET /v3/snapshots/{id}/metadata/{key}", Handler: s.showSnapMetadataItem},
+		{Pattern: "PUT /v3/snapshots/{id}/metadata/{key}", Handler: s.putSnapMetadataItem},
+		{Pattern: "DELETE /v3/snapshots/{id}/metadata/{key}", Handler: s.deleteSnapMetadataItem},
+
+		{Pattern: "GET /v3/backups", Handler: s.listBackups(false)},
+		{Pattern: "GET /v3/backups/detail", Handler: s.listBackups(true)},
+		{Pattern: "POST /v3/backups", Handler: s.createBackup},
+		{Pattern: "GET /v3/backups/{id}", Handler: s.showBackup},
+		{Pattern: "PUT /v3/backups/{id}", Handler: s.updateBackup},
+		{Pattern: "DELETE /v3/backups/{id}", Handler: s.deleteBackup},
+		{Pattern: "POST /v3/backups/{id}/restore", Handler: s.restoreBackup},
+		{Pattern: "POST /v3/backups/{id}/action", Handler: s.backupAction},
+
 		{Pattern: "GET /v3/types", Handler: s.listTypes},
 		{Pattern: "POST /v3/types", Handler: s.createType, AdminOnly: true, Policy: "volume_extension:types_manage"},
 		{Pattern: "GET /v3/types/default", Handler: s.defaultType},
@@ -152,6 +182,17 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "GET /v3/types/{id}/extra_specs/{key}", Handler: s.showExtraSpec},
 		{Pattern: "PUT /v3/types/{id}/extra_specs/{key}", Handler: s.updateExtraSpec, AdminOnly: true, Policy: "volume_extension:types_extra_specs:update"},
 		{Pattern: "DELETE /v3/types/{id}/extra_specs/{key}", Handler: s.deleteExtraSpec, AdminOnly: true, Policy: "volume_extension:types_extra_specs:delete"},
+
+		{Pattern: "GET /v3/qos-specs", Handler: s.listQoS, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:get_all"},
+		{Pattern: "POST /v3/qos-specs", Handler: s.createQoS, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:create"},
+		{Pattern: "GET /v3/qos-specs/{id}", Handler: s.showQoS, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:get"},
+		{Pattern: "PUT /v3/qos-specs/{id}", Handler: s.updateQoS, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:update"},
+		{Pattern: "DELETE /v3/qos-specs/{id}", Handler: s.deleteQoS, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:delete"},
+		{Pattern: "PUT /v3/qos-specs/{id}/delete_keys", Handler: s.deleteQoSKeys, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:delete"},
+		{Pattern: "GET /v3/qos-specs/{id}/associations", Handler: s.qosAssociations, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:get_all"},
+		{Pattern: "GET /v3/qos-specs/{id}/associate", Handler: s.associateQoS, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:update"},
+		{Pattern: "GET /v3/qos-specs/{id}/disassociate", Handler: s.disassociateQoS, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:update"},
+		{Pattern: "GET /v3/qos-specs/{id}/disassociate_all", Handler: s.disassociateAllQoS, AdminOnly: true, Policy: "volume_extension:qos_specs_manage:update"},
 
 		{Pattern: "GET /v3/limits", Handler: s.limits},
 		{Pattern: "GET /v3/os-quota-sets/{project}", Handler: s.showQuota},

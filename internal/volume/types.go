@@ -28,15 +28,16 @@ type typeRow struct {
 	IsPublic    bool
 	IsDefault   bool
 	ExtraSpecs  map[string]string
+	QoSSpecsID  *string // qos.go
 }
 
-const typeColumns = "id, name, description, is_public, is_default, extra_specs"
+const typeColumns = "id, name, description, is_public, is_default, extra_specs, qos_specs_id"
 
 func scanType(sc interface{ Scan(...any) error }) (*typeRow, error) {
 	t := &typeRow{ExtraSpecs: map[string]string{}}
 	var pub, def int
 	var specs string
-	if err := sc.Scan(&t.ID, &t.Name, &t.Description, &pub, &def, &specs); err != nil {
+	if err := sc.Scan(&t.ID, &t.Name, &t.Description, &pub, &def, &specs, &t.QoSSpecsID); err != nil {
 		return nil, err
 	}
 	t.IsPublic, t.IsDefault = pub != 0, def != 0
@@ -97,8 +98,15 @@ func (s *Service) findType(ctx context.Context, q store.Querier, c *api.Caller, 
 	return ts[0], nil
 }
 
-// Bootstrap makes the default volume type once.
+// Bootstrap makes the default volume type and its QoS spec once.
 func (s *Service) Bootstrap(ctx context.Context) error {
+	if err := s.bootstrapType(ctx); err != nil {
+		return err
+	}
+	return s.bootstrapQoS(ctx)
+}
+
+func (s *Service) bootstrapType(ctx context.Context) error {
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
 		var n int
 		if err := tx.QueryRow(ctx, "SELECT COUNT(*) FROM volume_types WHERE is_default = 1").Scan(&n); err != nil || n > 0 {
@@ -127,7 +135,7 @@ func typeView(r *http.Request, t *typeRow) map[string]any {
 	out := map[string]any{"id": t.ID, "name": t.Name, "description": t.Description, "is_public": t.IsPublic,
 		"extra_specs": specs, "os-volume-type-access:is_public": t.IsPublic}
 	if caller(r).IsAdmin() {
-		out["qos_specs_id"] = nil
+		out["qos_specs_id"] = t.QoSSpecsID
 	}
 	return out
 }

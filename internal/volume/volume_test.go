@@ -336,8 +336,6 @@ func (e *env) testErrors(t *testing.T) {
 		{"zero size", `{"volume":{"size":0}}`},
 		{"bad size", `{"volume":{"size":"ten"}}`},
 		{"fraction", `{"volume":{"size":1.5}}`},
-		{"snapshot", `{"volume":{"size":1,"snapshot_id":"` + id + `"}}`},
-		{"source volume", `{"volume":{"size":1,"source_volid":"` + id + `"}}`},
 		{"bad zone", `{"volume":{"size":1,"availability_zone":"mars"}}`},
 		{"bad metadata", `{"volume":{"size":1,"metadata":{"a":1}}}`},
 		{"unknown image", `{"volume":{"size":1,"imageRef":"` + id + `"}}`},

@@ -46,7 +46,7 @@ func view(r *http.Request, v *volRow) map[string]any {
 		"id": v.ID, "status": v.Status, "size": v.Size, "availability_zone": v.Zone,
 		"created_at": cinderTime(v.CreatedAt), "updated_at": cinderTime(v.UpdatedAt),
 		"name": v.Name, "description": v.Description, "volume_type": typ,
-		"snapshot_id": nil, "source_volid": nil, "metadata": v.Metadata,
+		"snapshot_id": nullID(v.SnapshotID), "source_volid": nullID(v.SourceVolID), "metadata": visibleMetadata(v),
 		"links": links(r, "volumes", v.ID), "user_id": v.UserID,
 		"bootable": strconv.FormatBool(v.Bootable), "encrypted": false,
 		"replication_status": nil, "consistencygroup_id": nil, "multiattach": false,
@@ -150,8 +150,7 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 			v.Description = val
 		}
 	}
-	for key, what := range map[string]string{"snapshot_id": "a snapshot", "source_volid": "another volume",
-		"backup_id": "a backup", "consistencygroup_id": "a consistency group", "group_id": "a group"} {
+	for key, what := range map[string]string{"backup_id": "a backup", "consistencygroup_id": "a consistency group", "group_id": "a group"} {
 		if raw, ok := b[key]; ok && !isNull(raw) {
 			return nil, api.BadRequest("Creating a volume from %s is not supported yet.", what)
 		}
@@ -188,6 +187,9 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 		if imageRef, err = b.optString("image_id", 255); err != nil {
 			return nil, err
 		}
+	}
+	if size, haveSize, typeRef, err = s.volumeSource(ctx, c, b, v, imageRef, size, haveSize, typeRef); err != nil {
+		return nil, err
 	}
 	if imageRef != nil && *imageRef != "" {
 		img, err := s.volumeImage(ctx, c, *imageRef)
@@ -227,7 +229,13 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 			return err
 		}
 		v.TypeID, v.TypeName = t.ID, t.Name
+		if _, err := s.sourceOf(ctx, tx, c, v); err != nil {
+			return err // the snapshot or volume changed since
+		}
 		if err := s.reserve(ctx, tx, v.ProjectID, 1, v.Size, v.Size); err != nil {
+			return err
+		}
+		if err := s.reserveType(ctx, tx, v.ProjectID, t, 1, v.Size); err != nil {
 			return err
 		}
 		now := s.now()
@@ -366,6 +374,7 @@ func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
 		}
 	}
 	force := minor(r) >= 23 && q.Get("force") != "" && func() bool { b, _ := api.ParseBool(q.Get("force")); return b }()
+	cascade, _ := api.ParseBool(q.Get("cascade"))
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
 		v, err := ownedVol(ctx, tx, c, r.PathValue("id"))
 		if err != nil {
@@ -378,6 +387,9 @@ func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
 			// cinder/volume/api.py API.delete
 			return invalidVolume("Volume status must be available or error or error_restoring or error_extending or error_managing " +
 				"and must not be migrating, attached, belong to a group, have snapshots, awaiting a transfer, or be disassociated from snapshots after volume transfer.")
+		}
+		if err := s.snapshotsOnVolumeDelete(ctx, tx, v, cascade); err != nil {
+			return err
 		}
 		if _, err := s.setStatus(ctx, tx, v, StatusDeleting, ""); err != nil {
 			return err
@@ -405,44 +417,40 @@ var sortColumns = map[string]string{
 	"user_id": "v.user_id", "project_id": "v.project_id",
 }
 
-// sortParams reads sort=key[:dir],... or sort_key/sort_dir
-// (cinder/api/common.py get_sort_params); the default is created_at desc,
-// and the id desc ends every order so that a marker is exact.
-func sortParams(q url.Values) (api.Keyset, error) {
-	var keys, dirs []string
+// sortParams reads sort=key[:dir],... or the deprecated sort_key and
+// sort_dir against cols (cinder/api/common.py get_sort_params; default
+// created_at desc), then idCol for a total order.
+func sortParams(q url.Values, cols map[string]string, idCol string) (api.Keyset, error) {
+	keys, dirs := q["sort_key"], q["sort_dir"]
 	if s := q.Get("sort"); s != "" {
 		if q.Has("sort_key") || q.Has("sort_dir") {
 			return nil, api.BadRequest("The 'sort_key' and 'sort_dir' parameters are deprecated and cannot be used with the 'sort' parameter.")
 		}
+		keys, dirs = nil, nil
 		for _, part := range strings.Split(s, ",") {
 			k, d, _ := strings.Cut(strings.TrimSpace(part), ":")
-			if d == "" {
-				d = "desc"
-			}
 			keys, dirs = append(keys, k), append(dirs, d)
 		}
-	} else {
-		keys, dirs = q["sort_key"], q["sort_dir"]
-		if len(keys) == 0 {
-			keys = []string{"created_at"}
-		}
-		for len(dirs) < len(keys) {
-			dirs = append(dirs, "desc")
-		}
+	}
+	if len(keys) == 0 {
+		keys = []string{"created_at"}
 	}
 	var out api.Keyset
 	for i, k := range keys {
-		col, ok := sortColumns[k]
+		col, ok := cols[k]
 		if !ok {
 			return nil, invalidInput("Invalid sort key %s", k)
 		}
-		d := strings.ToLower(dirs[i])
+		d := "desc"
+		if i < len(dirs) && dirs[i] != "" {
+			d = strings.ToLower(dirs[i])
+		}
 		if d != "asc" && d != "desc" {
 			return nil, invalidInput("Unknown sort direction, must be 'desc' or 'asc'")
 		}
 		out = append(out, api.SortKey{Col: col, Desc: d == "desc"})
 	}
-	return append(out, api.SortKey{Col: "v.id", Desc: true}), nil
+	return append(out, api.SortKey{Col: idCol, Desc: true}), nil
 }
 
 // countRule reads limit and offset (cinder/api/api_utils.py
@@ -662,7 +670,7 @@ func (s *Service) scanVols(ctx context.Context, vq *volumeQuery, skip, n int) ([
 func (s *Service) listVolumes(detail bool) api.HandlerFunc {
 	return func(r *http.Request) (*api.Response, error) {
 		q := r.URL.Query()
-		keys, err := sortParams(q)
+		keys, err := sortParams(q, sortColumns, "v.id")
 		if err != nil {
 			return nil, err
 		}

@@ -30,6 +30,8 @@ func (s *Service) Run(ctx context.Context) {
 	for _, v := range vols {
 		s.kick(v.ID)
 	}
+	s.resumeBackups(ctx)
+	s.resumeSnapshots(ctx)
 	<-ctx.Done()
 	s.Close()
 }
@@ -54,6 +56,7 @@ func (s *Service) startWorkers() {
 func (s *Service) Close() {
 	s.stop()
 	s.queue.Shutdown()
+	s.backupQueue.Shutdown()
 }
 
 // kick runs the data work volume id's status asks for, in the background.
@@ -64,6 +67,9 @@ func (s *Service) kick(id string) { s.queue.Add(id) }
 // outcome in one transaction. It is idempotent; an error (the store
 // failed) asks the queue to try again later.
 func (s *Service) process(ctx context.Context, id string) error {
+	if sid, ok := strings.CutPrefix(id, snapKey); ok {
+		return s.processSnapshot(ctx, sid)
+	}
 	v, err := getVol(ctx, s.db, id)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil {
@@ -83,7 +89,10 @@ func (s *Service) process(ctx context.Context, id string) error {
 		werr := s.grow(v.ID, v.NewSize)
 		return s.finish(ctx, v, werr, StatusExtending, func() { v.Size, v.NewSize = max(v.Size, v.NewSize), 0 })
 	case StatusDeleting:
-		err := os.Remove(s.dataPath(v.ID))
+		err := s.removeSnapshotsOf(ctx, v.ID) // a cascade's
+		if err == nil {
+			err = os.Remove(s.dataPath(v.ID))
+		}
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Error("volume: removing data failed", "volume", v.ID, "error", err)
 			return s.record(ctx, v, func(q store.Querier) error {
@@ -142,7 +151,11 @@ func (s *Service) makeData(ctx context.Context, v *volRow) error {
 	}
 	tmp := path + ".tmp-" + uuid.NewString()[:8]
 	defer os.Remove(tmp)
-	if v.ImageID != "" {
+	if src := s.sourcePath(v); src != "" {
+		if err := copyFile(ctx, src, tmp, 0); err != nil {
+			return err
+		}
+	} else if v.ImageID != "" {
 		if err := s.copyImage(ctx, v, tmp); err != nil {
 			return err
 		}

@@ -1,0 +1,893 @@
+package volume
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"nimbus/internal/api"
+	"nimbus/internal/metering"
+	"nimbus/internal/quota"
+	"nimbus/internal/store"
+	"nimbus/internal/workqueue"
+)
+
+// Backup statuses (cinder/objects/fields.py BackupStatus), and the volume
+// statuses a backup's copy puts its volume in.
+const (
+	backupCreating      = "creating"
+	backupAvailable     = "available"
+	backupDeleting      = "deleting"
+	backupRestoring     = "restoring"
+	backupError         = "error"
+	backupErrorDeleting = "error_deleting"
+
+	volBackingUp      = "backing-up"
+	volRestoring      = "restoring-backup"
+	volErrorRestoring = "error_restoring"
+)
+
+// backupBillable reports whether a backup in status holds stored data that
+// is charged: from its create until its delete, not after a failed create.
+func backupBillable(status string) bool {
+	return status != backupError && status != backupDeleting && status != backupErrorDeleting
+}
+
+// bkRow is one row of volume_backups, with whether incremental backups
+// build on it.
+type bkRow struct {
+	ID, ProjectID, UserID, VolumeID string
+	Name, Description, Container    *string
+	Size, ObjectCount               int64
+	Status, ParentID, RestoreVolume string
+	VolumeStatus                    string // the volume's status before the copy
+	Metadata                        map[string]string
+	FailReason                      string
+	Dependents                      int64
+	DataTimestamp                   time.Time
+	CreatedAt, UpdatedAt            time.Time
+}
+
+const bkColumns = `b.id, b.project_id, b.user_id, b.volume_id, b.name, b.description, b.container, b.size, b.object_count,
+	b.status, b.parent_id, b.restore_volume_id, b.volume_status, b.metadata, b.fail_reason,
+	(SELECT COUNT(*) FROM volume_backups c WHERE c.parent_id = b.id), b.data_timestamp, b.created_at, b.updated_at`
+
+func scanBackup(sc interface{ Scan(...any) error }) (*bkRow, error) {
+	b := &bkRow{}
+	var meta, ts, created, updated string
+	if err := sc.Scan(&b.ID, &b.ProjectID, &b.UserID, &b.VolumeID, &b.Name, &b.Description, &b.Container, &b.Size,
+		&b.ObjectCount, &b.Status, &b.ParentID, &b.RestoreVolume, &b.VolumeStatus, &meta, &b.FailReason, &b.Dependents, &ts, &created, &updated); err != nil {
+		return nil, err
+	}
+	b.Metadata = map[string]string{}
+	if err := store.FromJSON(meta, &b.Metadata); err != nil {
+		return nil, err
+	}
+	b.DataTimestamp, b.CreatedAt, b.UpdatedAt = store.ParseTime(ts), store.ParseTime(created), store.ParseTime(updated)
+	return b, nil
+}
+
+func loadBackups(ctx context.Context, q store.Querier, where string, args ...any) ([]*bkRow, error) {
+	rows, err := q.Query(ctx, "SELECT "+bkColumns+" FROM volume_backups b WHERE "+where, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*bkRow
+	for rows.Next() {
+		b, err := scanBackup(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, rows.Err()
+}
+
+func getBackup(ctx context.Context, q store.Querier, id string) (*bkRow, error) {
+	b, err := scanBackup(q.QueryRow(ctx, "SELECT "+bkColumns+" FROM volume_backups b WHERE b.id = ?", id))
+	if store.IsNoRows(err) {
+		return nil, store.ErrNotFound
+	}
+	return b, err
+}
+
+// ownedBackup is a backup the caller may see: its project's, or any for
+// an admin; anything else is Cinder's BackupNotFound (404).
+func ownedBackup(ctx context.Context, q store.Querier, c *api.Caller, id string) (*bkRow, error) {
+	b, err := getBackup(ctx, q, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !c.IsAdmin() && b.ProjectID != c.ProjectID) {
+		return nil, api.NotFound("Backup %s could not be found.", id)
+	}
+	return b, err
+}
+
+func invalidBackup(format string, args ...any) *api.Error {
+	return api.BadRequest("Invalid backup: "+format, args...)
+}
+
+// meterBackup writes the backup's usage period as its status says, in the
+// transaction that changed it: per started GB-hour of its size.
+func meterBackup(ctx context.Context, q store.Querier, b *bkRow, at time.Time) error {
+	var spec *metering.Spec
+	if backupBillable(b.Status) {
+		spec = &metering.Spec{SizeGB: b.Size}
+	}
+	return metering.Set(ctx, q, metering.KindBackup, b.ID, b.ProjectID, spec, at)
+}
+
+// setBackupStatus moves a backup to status in q and meters it, when its
+// status is still from; it reports whether it did.
+func (s *Service) setBackupStatus(ctx context.Context, q store.Querier, b *bkRow, status, from string) (bool, error) {
+	t := s.now()
+	res, err := q.Exec(ctx, `UPDATE volume_backups SET status = ?, fail_reason = ?, object_count = ?, restore_volume_id = ?,
+		updated_at = ? WHERE id = ? AND status = ?`, status, b.FailReason, b.ObjectCount, b.RestoreVolume, store.FormatTime(t), b.ID, from)
+	if err != nil {
+		return false, err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return false, nil
+	}
+	b.Status, b.UpdatedAt = status, t
+	return true, meterBackup(ctx, q, b, t)
+}
+
+// ---- Views (cinder/api/views/backups.py, v3/views/backups.py, v3/backups.py) ----
+
+func backupView(r *http.Request, b *bkRow) map[string]any {
+	var fail any
+	if b.FailReason != "" {
+		fail = b.FailReason
+	}
+	out := map[string]any{
+		"id": b.ID, "status": b.Status, "size": b.Size, "object_count": b.ObjectCount,
+		"availability_zone": AvailabilityZone, "container": b.Container,
+		"created_at": cinderTime(b.CreatedAt), "updated_at": cinderTime(b.UpdatedAt),
+		"name": b.Name, "description": b.Description, "fail_reason": fail, "volume_id": b.VolumeID,
+		"links": links(r, "backups", b.ID), "is_incremental": b.ParentID != "",
+		"has_dependent_backups": b.Dependents > 0, "snapshot_id": nil, "data_timestamp": cinderTime(b.DataTimestamp),
+	}
+	mv, admin := minor(r), caller(r).IsAdmin()
+	if mv >= 43 {
+		out["metadata"] = b.Metadata
+	}
+	// BACKUP_ATTRIBUTES_POLICY shows these to admins.
+	if mv >= 18 && admin {
+		out["os-backup-project-attr:project_id"] = b.ProjectID
+	}
+	if mv >= 56 && admin {
+		out["user_id"] = b.UserID
+	}
+	return out
+}
+
+func backupSummary(r *http.Request, b *bkRow) map[string]any {
+	return map[string]any{"id": b.ID, "name": b.Name, "links": links(r, "backups", b.ID)}
+}
+
+func (s *Service) showBackup(r *http.Request) (*api.Response, error) {
+	b, err := ownedBackup(r.Context(), s.db, caller(r), r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(200, map[string]any{"backup": backupView(r, b)}), nil
+}
+
+// ---- Create ----
+
+// backupRequest is a create body read and checked
+// (cinder/api/schemas/backups.py create, create_backup_v343).
+type backupRequest struct {
+	volumeID                string
+	name, description, cont *string
+	incremental, force      bool
+	metadata                map[string]string
+}
+
+func readBackupRequest(r *http.Request) (*backupRequest, error) {
+	b, err := decodeBody(r, "backup")
+	if err != nil {
+		return nil, err
+	}
+	keys := []string{"volume_id", "container", "description", "incremental", "force", "name", "snapshot_id"}
+	if minor(r) >= 43 {
+		keys = append(keys, "metadata")
+	}
+	if err := api.UnknownFields(b, keys...); err != nil {
+		return nil, err
+	}
+	req := &backupRequest{metadata: map[string]string{}}
+	vol, err := b.optString("volume_id", 36)
+	if err != nil {
+		return nil, err
+	}
+	if vol == nil {
+		return nil, api.BadRequest("Invalid input for field/attribute backup. 'volume_id' is a required property")
+	}
+	req.volumeID = *vol
+	if raw, ok := b["snapshot_id"]; ok && !isNull(raw) {
+		return nil, api.BadRequest("Backing up a snapshot is not supported yet.")
+	}
+	for _, f := range []struct {
+		key string
+		dst **string
+	}{{"name", &req.name}, {"description", &req.description}, {"container", &req.cont}} {
+		v, err := b.optString(f.key, 255)
+		if err != nil {
+			return nil, err
+		}
+		if v != nil && f.key != "container" {
+			t := strings.TrimSpace(*v)
+			v = &t
+		}
+		*f.dst = v
+	}
+	if req.incremental, _, err = b.boolean("incremental"); err != nil {
+		return nil, err
+	}
+	if req.force, _, err = b.boolean("force"); err != nil {
+		return nil, err
+	}
+	if raw, ok := b["metadata"]; ok {
+		if req.metadata, err = parseMetadata("metadata", raw); err != nil {
+			return nil, err
+		}
+	}
+	return req, nil
+}
+
+// createBackup is POST /backups (cinder/backup/api.py API.create): 202
+// with the backup's summary; the volume is backing-up until the copy is
+// done (processBackup).
+func (s *Service) createBackup(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	c := caller(r)
+	req, err := readBackupRequest(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkSpend(ctx, c.ProjectID); err != nil {
+		return nil, err
+	}
+	var b *bkRow
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
+		v, err := ownedVol(ctx, tx, c, req.volumeID)
+		if err != nil {
+			return err
+		}
+		// in-use comes with attachments; the check is Cinder's already.
+		if v.Status != StatusAvailable && v.Status != "in-use" {
+			return invalidVolume("Volume to be backed up must be available or in-use, but the current status is \"%s\".", v.Status)
+		}
+		if v.Status == "in-use" && !req.force {
+			return invalidVolume("Backing up an in-use volume must use the force flag.")
+		}
+		if err := s.reserveBackup(ctx, tx, c.ProjectID, v.Size); err != nil {
+			return err
+		}
+		parent, err := incrementalParent(ctx, tx, req, v.ID, c.ProjectID)
+		if err != nil {
+			return err
+		}
+		prev := v.Status
+		if _, err := s.setStatus(ctx, tx, v, volBackingUp, "", prev); err != nil {
+			return err
+		}
+		now := s.now()
+		b = &bkRow{ID: newID(), ProjectID: c.ProjectID, UserID: c.UserID, VolumeID: v.ID, Name: req.name,
+			Description: req.description, Container: req.cont, Size: v.Size, Status: backupCreating, ParentID: parent,
+			VolumeStatus: prev, Metadata: req.metadata, DataTimestamp: now, CreatedAt: now, UpdatedAt: now}
+		if _, err := tx.Exec(ctx, `INSERT INTO volume_backups (id, project_id, user_id, volume_id, name, description, container,
+			size, status, parent_id, volume_status, metadata, data_timestamp, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			b.ID, b.ProjectID, b.UserID, b.VolumeID, b.Name, b.Description, b.Container, b.Size, b.Status, b.ParentID, b.VolumeStatus,
+			store.JSON(b.Metadata), store.FormatTime(now), store.FormatTime(now), store.FormatTime(now)); err != nil {
+			return err
+		}
+		if err := meterBackup(ctx, tx, b, now); err != nil {
+			return err
+		}
+		tx.AfterCommit(func() { s.backupQueue.Add(b.ID) })
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusAccepted, map[string]any{"backup": backupSummary(r, b)}), nil
+}
+
+// incrementalParent is the backup an incremental one builds on: the
+// volume's latest in the project by data_timestamp, which must be
+// available ("" for a full backup).
+func incrementalParent(ctx context.Context, q store.Querier, req *backupRequest, volumeID, project string) (string, error) {
+	if !req.incremental {
+		return "", nil
+	}
+	bs, err := loadBackups(ctx, q, "b.volume_id = ? AND b.project_id = ? ORDER BY b.data_timestamp DESC, b.created_at DESC LIMIT 1",
+		volumeID, project)
+	if err != nil {
+		return "", err
+	}
+	if len(bs) == 0 {
+		return "", invalidBackup("No backups available to do an incremental backup.")
+	}
+	if bs[0].Status != backupAvailable {
+		return "", invalidBackup("The parent backup must be available for incremental backup.")
+	}
+	return bs[0].ID, nil
+}
+
+// ---- Update, delete, restore, actions ----
+
+// updateBackup is PUT /backups/{id} (3.9; metadata from 3.43): 200 with
+// the summary.
+func (s *Service) updateBackup(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	if minor(r) < 9 {
+		return nil, api.NotFound("API version 3.%d is not supported on this method.", minor(r))
+	}
+	body, err := decodeBody(r, "backup")
+	if err != nil {
+		return nil, err
+	}
+	keys := []string{"name", "description"}
+	if minor(r) >= 43 {
+		keys = append(keys, "metadata")
+	}
+	if err := api.UnknownFields(body, keys...); err != nil {
+		return nil, err
+	}
+	set := map[string]*string{}
+	for _, k := range []string{"name", "description"} {
+		if _, ok := body[k]; !ok {
+			continue
+		}
+		v, err := body.optString(k, 255)
+		if err != nil {
+			return nil, err
+		}
+		if v != nil {
+			t := strings.TrimSpace(*v)
+			v = &t
+		}
+		set[k] = v
+	}
+	var meta map[string]string
+	if raw, ok := body["metadata"]; ok {
+		if meta, err = parseMetadata("metadata", raw); err != nil {
+			return nil, err
+		}
+	}
+	var b *bkRow
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
+		if b, err = ownedBackup(ctx, tx, caller(r), r.PathValue("id")); err != nil {
+			return err
+		}
+		if v, ok := set["name"]; ok {
+			b.Name = v
+		}
+		if v, ok := set["description"]; ok {
+			b.Description = v
+		}
+		if meta != nil {
+			b.Metadata = meta
+		}
+		b.UpdatedAt = s.now()
+		_, err := tx.Exec(ctx, "UPDATE volume_backups SET name = ?, description = ?, metadata = ?, updated_at = ? WHERE id = ?",
+			b.Name, b.Description, store.JSON(b.Metadata), store.FormatTime(b.UpdatedAt), b.ID)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(200, map[string]any{"backup": backupSummary(r, b)}), nil
+}
+
+// deleteBackup is DELETE /backups/{id}: available or error, and no
+// incremental backup built on it (cinder/backup/api.py API.delete). The
+// charge stops at once; the row goes once the store has dropped the data.
+func (s *Service) deleteBackup(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		b, err := ownedBackup(ctx, tx, caller(r), r.PathValue("id"))
+		if err != nil {
+			return err
+		}
+		if b.Status != backupAvailable && b.Status != backupError {
+			return invalidBackup("Backup status must be available or error")
+		}
+		if b.Dependents > 0 {
+			return invalidBackup("Incremental backups exist for this backup.")
+		}
+		if _, err := s.setBackupStatus(ctx, tx, b, backupDeleting, b.Status); err != nil {
+			return err
+		}
+		tx.AfterCommit(func() { s.backupQueue.Add(b.ID) })
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusAccepted), nil
+}
+
+// restoreBackup is POST /backups/{id}/restore {"restore": {"volume_id",
+// "name"}}: onto an available volume at least the backup's size, or a
+// new volume of its size; 202 with Cinder's restore summary.
+func (s *Service) restoreBackup(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	c := caller(r)
+	var outer map[string]json.RawMessage
+	if err := api.DecodeJSON(r, &outer); err != nil {
+		return nil, err
+	}
+	in := body{}
+	if raw, ok := outer["restore"]; !ok {
+		return nil, api.BadRequest("Missing required element 'restore' in request body.")
+	} else if !isNull(raw) {
+		var err error
+		if in, err = inner(outer, "restore"); err != nil {
+			return nil, err
+		}
+	}
+	if err := api.UnknownFields(in, "volume_id", "name"); err != nil {
+		return nil, err
+	}
+	volID, err := in.optString("volume_id", 36)
+	if err != nil {
+		return nil, err
+	}
+	name, err := in.optString("name", 255)
+	if err != nil {
+		return nil, err
+	}
+	if volID == nil {
+		if err := s.checkSpend(ctx, c.ProjectID); err != nil {
+			return nil, err
+		}
+	}
+	var v *volRow
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
+		b, err := ownedBackup(ctx, tx, c, r.PathValue("id"))
+		if err != nil {
+			return err
+		}
+		if b.Status != backupAvailable {
+			return invalidBackup("Backup status must be available")
+		}
+		if volID == nil {
+			v, err = s.restoreVolume(ctx, tx, c, b, name)
+		} else {
+			v, err = s.restoreTarget(ctx, tx, c, b, *volID)
+		}
+		if err != nil {
+			return err
+		}
+		b.RestoreVolume = v.ID
+		if _, err := s.setBackupStatus(ctx, tx, b, backupRestoring, backupAvailable); err != nil {
+			return err
+		}
+		tx.AfterCommit(func() { s.backupQueue.Add(b.ID) })
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusAccepted, map[string]any{"restore": map[string]any{
+		"backup_id": r.PathValue("id"), "volume_id": v.ID, "volume_name": v.Name}}), nil
+}
+
+// restoreVolume makes the new volume a restore writes: the backup's size,
+// the default type, counted against the volume quotas and charged from
+// now, in status restoring-backup until the data is in.
+func (s *Service) restoreVolume(ctx context.Context, tx *store.Tx, c *api.Caller, b *bkRow, name *string) (*volRow, error) {
+	if name == nil {
+		n := "restore_backup_" + b.ID
+		name = &n
+	}
+	desc := "auto-created_from_restore_from_backup"
+	v := &volRow{ID: newID(), ProjectID: c.ProjectID, UserID: c.UserID, Name: name, Description: &desc, Size: b.Size,
+		Status: volRestoring, Zone: AvailabilityZone, Metadata: map[string]string{}, ImageMetadata: map[string]string{}}
+	t, err := s.findType(ctx, tx, c, nil)
+	if err != nil {
+		return nil, err
+	}
+	v.TypeID, v.TypeName = t.ID, t.Name
+	if err := s.reserve(ctx, tx, v.ProjectID, 1, v.Size, v.Size); err != nil {
+		return nil, err
+	}
+	now := s.now()
+	v.CreatedAt, v.UpdatedAt = now, now
+	if err := insertVol(ctx, tx, v); err != nil {
+		return nil, err
+	}
+	return v, s.meter(ctx, tx, v, now)
+}
+
+// restoreTarget checks an existing volume a restore overwrites and moves
+// it to restoring-backup.
+func (s *Service) restoreTarget(ctx context.Context, tx *store.Tx, c *api.Caller, b *bkRow, id string) (*volRow, error) {
+	v, err := ownedVol(ctx, tx, c, id)
+	if err != nil {
+		return nil, err
+	}
+	if v.Status != StatusAvailable {
+		return nil, invalidVolume("Volume to be restored to must be available")
+	}
+	if b.Size > v.Size {
+		return nil, invalidVolume("volume size %d is too small to restore backup of size %d.", v.Size, b.Size)
+	}
+	_, err = s.setStatus(ctx, tx, v, volRestoring, "", StatusAvailable)
+	return v, err
+}
+
+// backupResettable are the statuses os-reset_status may set
+// (cinder/api/contrib/admin_actions.py BackupAdminController.valid_status).
+var backupResettable = map[string]bool{backupAvailable: true, backupError: true}
+
+// backupAction is POST /backups/{id}/action: the admin's os-reset_status.
+// Only the record changes (and with it whether the backup is charged).
+func (s *Service) backupAction(r *http.Request) (*api.Response, error) {
+	ctx := r.Context()
+	var outer map[string]json.RawMessage
+	if err := api.DecodeJSON(r, &outer); err != nil {
+		return nil, err
+	}
+	raw, ok := outer["os-reset_status"]
+	if len(outer) != 1 || !ok {
+		for name := range outer {
+			return nil, api.BadRequest("There is no such action: %s", name)
+		}
+		return nil, api.BadRequest("Malformed request body")
+	}
+	if !caller(r).IsAdmin() {
+		return nil, api.PolicyForbidden("backup:reset_status")
+	}
+	b, err := actionBody("os-reset_status", raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := api.UnknownFields(b, "status"); err != nil {
+		return nil, err
+	}
+	st, err := b.optString("status", 255)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil || !backupResettable[strings.ToLower(*st)] {
+		return nil, api.BadRequest("Must specify a valid status")
+	}
+	err = s.db.Tx(ctx, func(tx *store.Tx) error {
+		bk, err := ownedBackup(ctx, tx, caller(r), r.PathValue("id"))
+		if err != nil {
+			return err
+		}
+		_, err = s.setBackupStatus(ctx, tx, bk, strings.ToLower(*st), bk.Status)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusAccepted), nil
+}
+
+// ---- Listing ----
+
+var backupSortColumns = map[string]string{
+	"id": "b.id", "name": "COALESCE(b.name, '')", "display_name": "COALESCE(b.name, '')", "status": "b.status",
+	"size": "b.size", "volume_id": "b.volume_id", "created_at": "b.created_at", "updated_at": "b.updated_at",
+	"data_timestamp": "b.data_timestamp", "project_id": "b.project_id", "user_id": "b.user_id",
+}
+
+// backupPage is a backup list's scope, filters and order: the caller's
+// project's backups, or every project's with all_tenants (admin), narrowed
+// by name, status and volume_id (_get_backup_filter_options).
+func backupPage(r *http.Request) (*api.Page, error) {
+	c, q := caller(r), r.URL.Query()
+	p := &api.Page{}
+	if all, _ := api.ParseBool(q.Get("all_tenants")); !all || !c.IsAdmin() {
+		p.Add("b.project_id = ?", c.ProjectID)
+	} else if pid := q.Get("project_id"); pid != "" {
+		p.Add("b.project_id = ?", pid)
+	}
+	for param, col := range map[string]string{"name": "COALESCE(b.name, '')", "display_name": "COALESCE(b.name, '')",
+		"status": "b.status", "volume_id": "b.volume_id"} {
+		if q.Has(param) {
+			p.Add(col+" = ?", q.Get(param))
+		}
+	}
+	keys, err := sortParams(q, backupSortColumns, "b.id")
+	if err != nil {
+		return nil, err
+	}
+	p.Keys = keys
+	return p, nil
+}
+
+// listBackups is GET /backups and /backups/detail with Cinder's paging
+// (limit, marker, offset, sort), with_count from 3.45, and backups_links
+// when more follow.
+func (s *Service) listBackups(detail bool) api.HandlerFunc {
+	return func(r *http.Request) (*api.Response, error) {
+		ctx := r.Context()
+		q := r.URL.Query()
+		limit, err := countRule("limit", maxLimit).Parse(q.Get("limit"), q.Has("limit"))
+		if err != nil {
+			return nil, err
+		}
+		offset, err := countRule("offset", 0).Parse(q.Get("offset"), q.Has("offset"))
+		if err != nil {
+			return nil, err
+		}
+		limit = min(limit, maxLimit)
+		p, err := backupPage(r)
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]any{}
+		if withCount, _ := api.ParseBool(q.Get("with_count")); withCount && minor(r) >= 45 {
+			var n int
+			where := "1 = 1"
+			if len(p.Where) > 0 {
+				where = strings.Join(p.Where, " AND ")
+			}
+			if err := s.db.QueryRow(ctx, "SELECT COUNT(*) FROM volume_backups b WHERE "+where, p.Args...).Scan(&n); err != nil {
+				return nil, err
+			}
+			out["count"] = n
+		}
+		if m := q.Get("marker"); m != "" {
+			where := strings.Join(append(append([]string{}, p.Where...), "b.id = ?"), " AND ")
+			vals, err := p.Keys.MarkerValues(ctx, s.db, "volume_backups b", where, append(append([]any{}, p.Args...), m)...)
+			if errors.Is(err, store.ErrNotFound) {
+				return nil, api.NotFound("Marker %s could not be found.", m)
+			} else if err != nil {
+				return nil, err
+			}
+			p.AfterMarker(vals)
+		}
+		p.Limit = offset + limit + 1
+		rows, err := s.db.Query(ctx, "SELECT "+bkColumns+" FROM volume_backups b "+p.SQL(), p.Args...)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var got []*bkRow
+		for rows.Next() {
+			b, err := scanBackup(rows)
+			if err != nil {
+				return nil, err
+			}
+			got = append(got, b)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		got = got[min(offset, len(got)):]
+		page := got[:min(limit, len(got))]
+		items := make([]map[string]any, 0, len(page))
+		for _, b := range page {
+			if detail {
+				items = append(items, backupView(r, b))
+			} else {
+				items = append(items, backupSummary(r, b))
+			}
+		}
+		out["backups"] = items
+		if len(page) > 0 && len(got) > len(page) {
+			out["backups_links"] = nextBackupsLink(r, q, detail, limit, page[len(page)-1].ID)
+		}
+		return api.JSON(200, out), nil
+	}
+}
+
+func nextBackupsLink(r *http.Request, q url.Values, detail bool, limit int, last string) []map[string]string {
+	path := "/backups"
+	if detail {
+		path += "/detail"
+	}
+	p := ""
+	if pid := projectInURL(r); pid != "" {
+		p = "/" + pid
+	}
+	nq := api.NextQuery(q, map[string]string{"limit": strconv.Itoa(limit), "marker": last}, "marker", "offset")
+	return []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v3" + p + path + "?" + nq}}
+}
+
+// ---- Quotas ----
+
+// backupUsage is what a project's backups take: their count and gigabytes.
+func backupUsage(ctx context.Context, q store.Querier, project string) (backups, gigabytes int64, err error) {
+	err = q.QueryRow(ctx, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volume_backups WHERE project_id = ?", project).
+		Scan(&backups, &gigabytes)
+	return
+}
+
+// reserveBackup checks, in tx, that project may add a backup of gb
+// gigabytes, under the project's quota lock as volumes' reserve does
+// (cinder/quota_utils.py process_reserve_over_quota, 413).
+func (s *Service) reserveBackup(ctx context.Context, tx *store.Tx, project string, gb int64) error {
+	if err := quota.Lock(ctx, tx, "volume_quota_locks", project); err != nil {
+		return err
+	}
+	lim, err := quotaOf(ctx, tx, project)
+	if err != nil {
+		return err
+	}
+	n, used, err := backupUsage(ctx, tx, project)
+	if err != nil {
+		return err
+	}
+	if l := lim["backups"]; l >= 0 && n+1 > l {
+		// cinder/exception.py BackupLimitExceeded
+		return api.OverLimit("Maximum number of backups allowed (%d) exceeded", l)
+	}
+	if l := lim["backup_gigabytes"]; l >= 0 && used+gb > l {
+		// cinder/exception.py VolumeBackupSizeExceedsAvailableQuota
+		return api.OverLimit("Requested backup exceeds allowed Backup gigabytes quota. Requested %dG, quota is %dG and %dG has been consumed.",
+			gb, l, used)
+	}
+	return nil
+}
+
+// ---- Data work ----
+
+// backupWorkers bounds how many backups are copied at once.
+const backupWorkers = 4
+
+// startBackups opens the backup store (dir, or "backups" beside the
+// volumes' directory) and the queue its work runs on, keyed by backup id.
+func (s *Service) startBackups(dir string) {
+	if dir == "" {
+		dir = filepath.Join(filepath.Dir(filepath.Clean(s.dataDir)), "backups")
+	}
+	s.backupStore = NewBackupStore(dir)
+	s.backupQueue = workqueue.New(workqueue.Config{Backoff: workRetry, MaxBackoff: workRetryMax})
+	s.backupQueue.Work(backupWorkers, func(id string) error { return s.processBackup(s.ctx, id) })
+}
+
+// resumeBackups queues the backups a stopped controller left mid-way.
+func (s *Service) resumeBackups(ctx context.Context) {
+	bs, err := loadBackups(ctx, s.db, "b.status IN (?, ?, ?)", backupCreating, backupRestoring, backupDeleting)
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("volume: resuming backups failed", "error", err)
+	}
+	for _, b := range bs {
+		s.backupQueue.Add(b.ID)
+	}
+}
+
+// processBackup does what a backup's status asks, then records the
+// outcome in one transaction. Each step is idempotent, so a stopped
+// controller's work is redone from the start.
+func (s *Service) processBackup(ctx context.Context, id string) error {
+	b, err := getBackup(ctx, s.db, id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) || ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	switch b.Status {
+	case backupCreating:
+		m, werr := s.backupStore.Create(b.ID, b.ParentID, s.dataPath(b.VolumeID))
+		if ctx.Err() != nil {
+			return nil
+		}
+		return s.finishCreate(ctx, b, m, werr)
+	case backupRestoring:
+		werr := s.restoreData(b)
+		if ctx.Err() != nil {
+			return nil
+		}
+		return s.finishRestore(ctx, b, werr)
+	case backupDeleting:
+		if werr := s.backupStore.Delete(b.ID); werr != nil {
+			s.log.Error("volume: deleting backup data failed", "backup", b.ID, "error", werr)
+			b.FailReason = werr.Error()
+			return s.recordBackup(ctx, b, func(tx *store.Tx) error {
+				_, err := s.setBackupStatus(ctx, tx, b, backupErrorDeleting, backupDeleting)
+				return err
+			})
+		}
+		return s.recordBackup(ctx, b, func(tx *store.Tx) error {
+			_, err := tx.Exec(ctx, "DELETE FROM volume_backups WHERE id = ? AND status = ?", b.ID, backupDeleting)
+			return err
+		})
+	}
+	return nil
+}
+
+// finishCreate records a backup's copy: available with its object count,
+// or error with the reason (unless an admin reset it meanwhile); its
+// volume returns to the status it had either way.
+func (s *Service) finishCreate(ctx context.Context, b *bkRow, m *Manifest, werr error) error {
+	status := backupAvailable
+	if werr != nil {
+		s.log.Error("volume: backup failed", "backup", b.ID, "error", werr)
+		status, b.FailReason = backupError, werr.Error()
+	} else {
+		b.ObjectCount = int64(m.Stored)
+	}
+	return s.recordBackup(ctx, b, func(tx *store.Tx) error {
+		if _, err := s.setBackupStatus(ctx, tx, b, status, backupCreating); err != nil {
+			return err
+		}
+		prev := b.VolumeStatus
+		if prev == "" {
+			prev = StatusAvailable
+		}
+		return s.volumeBack(ctx, tx, b.VolumeID, volBackingUp, prev)
+	})
+}
+
+// restoreData writes the backup into its target volume's file, making the
+// file first for a new volume.
+func (s *Service) restoreData(b *bkRow) error {
+	path := s.dataPath(b.RestoreVolume)
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
+			return err
+		}
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		if err := s.growFile(path, b.Size); err != nil {
+			return err
+		}
+	}
+	return s.backupStore.Restore(b.ID, path)
+}
+
+// finishRestore records a restore: the backup is available again, the
+// volume available or, when the data could not be written,
+// error_restoring.
+func (s *Service) finishRestore(ctx context.Context, b *bkRow, werr error) error {
+	volStatus := StatusAvailable
+	if werr != nil {
+		s.log.Error("volume: restore failed", "backup", b.ID, "volume", b.RestoreVolume, "error", werr)
+		volStatus = volErrorRestoring
+	}
+	target := b.RestoreVolume
+	b.RestoreVolume = ""
+	return s.recordBackup(ctx, b, func(tx *store.Tx) error {
+		if _, err := s.setBackupStatus(ctx, tx, b, backupAvailable, backupRestoring); err != nil {
+			return err
+		}
+		return s.volumeBack(ctx, tx, target, volRestoring, volStatus)
+	})
+}
+
+// volumeBack moves volume id from status from to status, if it is still
+// there and in from.
+func (s *Service) volumeBack(ctx context.Context, q store.Querier, id, from, status string) error {
+	v, err := getVol(ctx, q, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	_, err = s.setStatus(ctx, q, v, status, "", from)
+	return err
+}
+
+func (s *Service) recordBackup(ctx context.Context, b *bkRow, f func(tx *store.Tx) error) error {
+	err := s.db.Tx(ctx, f)
+	if err != nil && ctx.Err() == nil {
+		s.log.Error("volume: recording backup status failed", "backup", b.ID, "error", err)
+		return err
+	}
+	return nil
+}
