@@ -128,7 +128,7 @@ func (s *Service) API(auth api.Authenticator, authURL string) *api.Service {
 // Routes is the block storage API's route table. Paths are given without
 // the project id, which before removes.
 func (s *Service) Routes() []api.Route {
-	return []api.Route{
+	routes := []api.Route{
 		{Pattern: "GET /{$}", Handler: versions, Public: true},
 		{Pattern: "GET /v3", Handler: version, Public: true},
 		{Pattern: "GET /v3/{$}", Handler: version, Public: true},
@@ -141,12 +141,6 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "PUT /v3/volumes/{id}", Handler: s.updateVolume},
 		{Pattern: "DELETE /v3/volumes/{id}", Handler: s.deleteVolume},
 		{Pattern: "POST /v3/volumes/{id}/action", Handler: s.action},
-		{Pattern: "GET /v3/volumes/{id}/metadata", Handler: s.listMetadata},
-		{Pattern: "POST /v3/volumes/{id}/metadata", Handler: s.setMetadata(false)},
-		{Pattern: "PUT /v3/volumes/{id}/metadata", Handler: s.setMetadata(true)},
-		{Pattern: "GET /v3/volumes/{id}/metadata/{key}", Handler: s.showMetadataItem},
-		{Pattern: "PUT /v3/volumes/{id}/metadata/{key}", Handler: s.putMetadataItem},
-		{Pattern: "DELETE /v3/volumes/{id}/metadata/{key}", Handler: s.deleteMetadataItem},
 
 		{Pattern: "GET /v3/snapshots", Handler: s.listSnapshots(false)},
 		{Pattern: "GET /v3/snapshots/detail", Handler: s.listSnapshots(true)},
@@ -155,12 +149,6 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "PUT /v3/snapshots/{id}", Handler: s.updateSnapshot},
 		{Pattern: "DELETE /v3/snapshots/{id}", Handler: s.deleteSnapshot},
 		{Pattern: "POST /v3/snapshots/{id}/action", Handler: s.snapshotAction},
-		{Pattern: "GET /v3/snapshots/{id}/metadata", Handler: s.listSnapMetadata},
-		{Pattern: "POST /v3/snapshots/{id}/metadata", Handler: s.setSnapMetadata(false)},
-		{Pattern: "PUT /v3/snapshots/{id}/metadata", Handler: s.setSnapMetadata(true)},
-		{Pattern: "GET /v3/snapshots/{id}/metadata/{key}", Handler: s.showSnapMetadataItem},
-		{Pattern: "PUT /v3/snapshots/{id}/metadata/{key}", Handler: s.putSnapMetadataItem},
-		{Pattern: "DELETE /v3/snapshots/{id}/metadata/{key}", Handler: s.deleteSnapMetadataItem},
 
 		{Pattern: "GET /v3/backups", Handler: s.listBackups(false)},
 		{Pattern: "GET /v3/backups/detail", Handler: s.listBackups(true)},
@@ -202,6 +190,8 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "GET /v3/os-availability-zone", Handler: availabilityZones},
 		{Pattern: "GET /v3/extensions", Handler: extensions},
 	}
+	routes = append(routes, s.metadataRoutes("/v3/volumes", volumeMeta)...)
+	return append(routes, s.metadataRoutes("/v3/snapshots", snapshotMeta)...)
 }
 
 // AvailabilityZone is the one zone volumes live in, Cinder's default
