@@ -10,6 +10,7 @@
 #                                      # Tempest with a regex instead of the list
 #   NIMBUS_IT_KEEP=1 ...               # keep the work directory for debugging
 #   NIMBUS_IT_BIN=/path/to/nimbus ...  # use a prebuilt binary instead of go build
+#   NIMBUS_IT_VALIDATION=0 ...         # skip the second pass (validation.sh; default: as NIMBUS_IT_TEMPEST)
 #
 # Exit status is non-zero on any failure; the last line is
 # "integration: N passed, M failed".
@@ -759,6 +760,18 @@ run_tempest() {
 
 if [[ "$RUN_TEMPEST" == 1 ]]; then
 	run_tempest
+fi
+
+# The second pass (validation.sh): Tempest with instance validation on a
+# bridged qemu cloud of its own; its counts join this run's.
+if [[ "${NIMBUS_IT_VALIDATION:-$RUN_TEMPEST}" == 1 ]]; then
+	step "validation pass (test/integration/validation.sh)"
+	"$HERE/validation.sh" "$WORK/nimbus" 2>&1 | tee "$WORK/validation.out" || true
+	read -r vp vf < <(sed -n 's/^validation: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$WORK/validation.out" | tail -n1) ||
+		{ vp=0 vf=1; }
+	PASSED=$((PASSED + vp))
+	FAILED=$((FAILED + vf))
+	((vf == 0)) || FAILURES+=("validation pass")
 fi
 
 echo
