@@ -85,14 +85,11 @@ func newDHCP(cfg Config) (part, error) {
 
 // nsName is network networkID's DHCP namespace.
 func (d *dhcpPart) nsName(networkID string) string {
-	return d.cfg.prefix() + "dhcp-" + shortID(networkID)
+	return d.cfg.prefix() + "dhcp-" + netstate.ShortID(networkID)
 }
 
 // dhcpVethName is the host end of the DHCP namespace's veth.
-func dhcpVethName(networkID string) string { return netstate.DHCPPrefix + shortID(networkID) }
-
-// shortID is the part of an id that device names carry, as netstate's.
-func shortID(id string) string { return id[:min(len(id), 11)] }
+func dhcpVethName(networkID string) string { return netstate.DHCPPrefix + netstate.ShortID(networkID) }
 
 func (d *dhcpPart) apply(_ context.Context, st *netstate.Host) error {
 	d.mu.Lock()

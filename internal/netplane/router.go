@@ -74,10 +74,10 @@ func (r *routers) apply(ctx context.Context, st *netstate.Host) error {
 		// explained, never torn down for a typo.
 		wantNS[r.nsName(rt.ID)] = true
 		for _, in := range rt.Interfaces {
-			wantHost[netstate.RouterPrefix+idPart(in.PortID)] = true
+			wantHost[netstate.RouterPrefix+netstate.ShortID(in.PortID)] = true
 		}
 		if rt.Gateway != nil {
-			wantHost[gatewayPrefix+idPart(rt.ID)] = true
+			wantHost[gatewayPrefix+netstate.ShortID(rt.ID)] = true
 		}
 		if err := ctx.Err(); err != nil {
 			return err
@@ -95,7 +95,7 @@ func (r *routers) apply(ctx context.Context, st *netstate.Host) error {
 }
 
 func (r *routers) nsName(routerID string) string {
-	return r.cfg.prefix() + routerNSPart + idPart(routerID)
+	return r.cfg.prefix() + routerNSPart + netstate.ShortID(routerID)
 }
 
 func (r *routers) log() *slog.Logger {
@@ -103,15 +103,6 @@ func (r *routers) log() *slog.Logger {
 		return r.cfg.Log
 	}
 	return slog.Default()
-}
-
-// idPart is the part of an id that device names carry (Neutron's 11
-// characters).
-func idPart(id string) string {
-	if len(id) > 11 {
-		return id[:11]
-	}
-	return id
 }
 
 // routerPlan is a router with its input parsed and checked, before any
@@ -173,7 +164,7 @@ func (r *routers) plan(rt netstate.Router, mtus map[string]int) (routerPlan, err
 		}
 		byPort[in.PortID] = len(p.ports)
 		p.ports = append(p.ports, vethPlan{
-			hostEnd: netstate.RouterPrefix + idPart(in.PortID), nsEnd: qrPrefix + idPart(in.PortID),
+			hostEnd: netstate.RouterPrefix + netstate.ShortID(in.PortID), nsEnd: qrPrefix + netstate.ShortID(in.PortID),
 			bridge: netstate.BridgeName(in.NetworkID), mtu: mtu, mac: mac, addrs: []netip.Prefix{addr},
 		})
 	}
@@ -209,7 +200,7 @@ func (r *routers) planGateway(rt netstate.Router, p *routerPlan) error {
 		return fmt.Errorf("gateway: bad MAC %q", g.MAC)
 	}
 	p.gw = &vethPlan{
-		hostEnd: gatewayPrefix + idPart(rt.ID), nsEnd: qgPrefix + idPart(rt.ID),
+		hostEnd: gatewayPrefix + netstate.ShortID(rt.ID), nsEnd: qgPrefix + netstate.ShortID(rt.ID),
 		bridge: r.cfg.ProviderBridge, mac: mac, addrs: []netip.Prefix{addr},
 	}
 	if g.NextHop != "" {

@@ -203,20 +203,16 @@ const (
 )
 
 // TapName is the tap device of port id, the name QEMU opens.
-func TapName(portID string) string { return TapPrefix + short(portID) }
+func TapName(portID string) string { return TapPrefix + ShortID(portID) }
 
 // BridgeName is network id's bridge on a host.
-func BridgeName(networkID string) string { return BridgePrefix + short(networkID) }
+func BridgeName(networkID string) string { return BridgePrefix + ShortID(networkID) }
 
 // VXLANName is the VXLAN device of segment vni.
 func VXLANName(vni uint32) string { return fmt.Sprintf("%s%d", VXLANPrefix, vni) }
 
-func short(id string) string {
-	if len(id) > 11 {
-		return id[:11]
-	}
-	return id
-}
+// ShortID is the part of an id that device and namespace names carry.
+func ShortID(id string) string { return id[:min(len(id), 11)] }
 
 // MaxVNI is the largest VXLAN network identifier (24 bits).
 const MaxVNI = 1<<24 - 1
