@@ -44,6 +44,12 @@ log_tail() {
 
 cleanup() {
 	local rc=$?
+	# A validation pass still running beside a run cut short stops too
+	# (its own trap removes its namespaces).
+	if [[ -n "${VALIDATION_PID:-}" ]] && kill -0 "$VALIDATION_PID" 2>/dev/null; then
+		kill -TERM -- "-$VALIDATION_PID" 2>/dev/null || true
+		wait "$VALIDATION_PID" 2>/dev/null || true
+	fi
 	if [[ -n "$NIMBUS_PID" ]] && kill -0 "$NIMBUS_PID" 2>/dev/null; then
 		kill "$NIMBUS_PID" 2>/dev/null || true
 		for _ in $(seq 50); do kill -0 "$NIMBUS_PID" 2>/dev/null || break; sleep 0.1; done
@@ -169,6 +175,19 @@ if [[ -n "${NIMBUS_IT_BIN:-}" ]]; then
 	cp "$NIMBUS_IT_BIN" "$WORK/nimbus" || die "cannot copy $NIMBUS_IT_BIN"
 else
 	go build -o "$WORK/nimbus" ./cmd/nimbus || die "go build failed"
+fi
+
+# The second pass (validation.sh): Tempest with instance validation on a
+# bridged qemu cloud of its own, in a network namespace of its own. It runs
+# beside this pass, from here to the end: its time goes mostly to guests
+# booting under TCG, this pass's mostly to waiting on the API, so together
+# they take little more than the longer of the two. Its output is shown at
+# the end and its counts join this run's.
+VALIDATION_PID=""
+if [[ "${NIMBUS_IT_VALIDATION:-$RUN_TEMPEST}" == 1 ]]; then
+	# In a session of its own, so that a run cut short stops all of it.
+	setsid "$HERE/validation.sh" "$WORK/nimbus" >"$WORK/validation.out" 2>&1 &
+	VALIDATION_PID=$!
 fi
 
 free_port() {
@@ -673,6 +692,10 @@ disk_config = false
 hostname_fqdn_sanitization = false
 stable_rescue = false
 unified_limits = false
+# Tempest 33 runs its server metadata write tests (interop's
+# compute-servers-metadata-*) only with this; nimbus's metadata API is
+# writable like Nova's.
+xenapi_apis = true
 scheduler_enabled_filters = AvailabilityZoneFilter,ComputeFilter,ComputeCapabilitiesFilter,ImagePropertiesFilter,ServerGroupAffinityFilter,ServerGroupAntiAffinityFilter,SameHostFilter,DifferentHostFilter
 
 [image]
@@ -762,11 +785,11 @@ if [[ "$RUN_TEMPEST" == 1 ]]; then
 	run_tempest
 fi
 
-# The second pass (validation.sh): Tempest with instance validation on a
-# bridged qemu cloud of its own; its counts join this run's.
-if [[ "${NIMBUS_IT_VALIDATION:-$RUN_TEMPEST}" == 1 ]]; then
-	step "validation pass (test/integration/validation.sh)"
-	"$HERE/validation.sh" "$WORK/nimbus" 2>&1 | tee "$WORK/validation.out" || true
+if [[ -n "$VALIDATION_PID" ]]; then
+	step "validation pass (test/integration/validation.sh, run beside this one)"
+	wait "$VALIDATION_PID" || true
+	VALIDATION_PID=""
+	cat "$WORK/validation.out"
 	read -r vp vf < <(sed -n 's/^validation: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$WORK/validation.out" | tail -n1) ||
 		{ vp=0 vf=1; }
 	PASSED=$((PASSED + vp))
