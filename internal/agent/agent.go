@@ -618,6 +618,18 @@ func (a *Agent) call(ctx context.Context, op wire.Op) (out any, err error) {
 			return nil, d.AttachPort(ctx, id, p.Port)
 		}
 		return nil, d.DetachPort(ctx, id, p.PortID)
+	case wire.KindAttachVolume, wire.KindDetachVolume, wire.KindExtendVolume:
+		var p wire.VolumeArgs
+		if err := args(&p); err != nil {
+			return nil, err
+		}
+		switch op.Kind {
+		case wire.KindAttachVolume:
+			return nil, d.AttachVolume(ctx, id, p.Volume)
+		case wire.KindDetachVolume:
+			return nil, d.DetachVolume(ctx, id, p.VolumeID)
+		}
+		return nil, d.ExtendVolume(ctx, id, p.VolumeID, p.SizeBytes)
 	case wire.KindAccess:
 		acc, err := d.Access(ctx, id)
 		if err != nil {

@@ -29,6 +29,7 @@ import (
 	"nimbus/internal/agent"
 	"nimbus/internal/api"
 	"nimbus/internal/billing"
+	"nimbus/internal/blockexport"
 	"nimbus/internal/compute"
 	"nimbus/internal/console"
 	"nimbus/internal/driver"
@@ -184,6 +185,7 @@ type Cloud struct {
 	wg          sync.WaitGroup
 	agentCancel context.CancelFunc
 	localDriver driver.Driver
+	exports     *blockexport.Exporter // volumes served to other hosts
 	agentDone   chan struct{}
 	conns       *api.ConnLimiter
 }
@@ -314,13 +316,20 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Identity.AddProjectHook(c.Networks)
 	c.Identity.AddProjectHook(c.Billing)
 	c.Billing.SetDetacher(c.Networks)
+	exports, err := newVolumeExporter(cfg)
+	if err != nil {
+		closeAll(lns)
+		return nil, err
+	}
+	c.exports = exports
 	c.Volumes = volume.New(volume.Config{DB: db, DataDir: filepath.Join(cfg.DataDir, "volumes"), Images: c.Images,
-		Log: cfg.Log.With("component", "volume"), Billing: c.Billing})
+		Log: cfg.Log.With("component", "volume"), Billing: c.Billing, Exporter: exports})
 	c.Fleet = fleet.New(db, fleet.Config{DownAfter: cfg.DownAfter, OpTimeout: cfg.OpTimeout, Log: cfg.Log})
 	c.Fleet.SetImages(hostImages{c.Images})
 	c.Driver = c.Fleet
-	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks,
+	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks, Volumes: c.Volumes,
 		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, ConsoleURL: c.ConsoleURL, Log: cfg.Log})
+	c.Volumes.SetExtender(c.Compute) // an in-use volume that grew
 	c.Billing.SetSuspender(c.Compute)
 	c.Billing.SetFlavors(c.Compute) // quotes by flavor
 	c.Fleet.SetPlacements(c.Compute)
@@ -342,6 +351,10 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		}
 	}
 
+	if err := c.setLocalHosts(ctx); err != nil {
+		closeAll(lns)
+		return nil, err
+	}
 	if err := c.bootstrap(ctx); err != nil {
 		closeAll(lns)
 		return nil, err
@@ -638,6 +651,9 @@ func (c *Cloud) Close() error {
 		c.cancel()
 	}
 	c.wg.Wait()
+	if c.exports != nil {
+		c.exports.Close() // the volume service re-exports at its next start
+	}
 	if c.DB != nil {
 		return c.DB.Close()
 	}

@@ -28,11 +28,16 @@ const maxActions = 1000
 // recordAction writes the start of an instance action in tx and drops the
 // server's actions older than the newest maxActions.
 func (s *Service) recordAction(ctx context.Context, tx store.Querier, serverID, action string) error {
-	c := api.CallerFrom(ctx)
 	rid := api.RequestID(ctx)
 	if rid == "" {
 		rid = "req-" + newUUID()
 	}
+	return s.recordActionID(ctx, tx, serverID, action, rid)
+}
+
+// recordActionID is recordAction with the action's request id given.
+func (s *Service) recordActionID(ctx context.Context, tx store.Querier, serverID, action, rid string) error {
+	c := api.CallerFrom(ctx)
 	now := store.FormatTime(s.now())
 	_, err := tx.Exec(ctx, `INSERT INTO compute_instance_actions (server_id, request_id, action, project_id, user_id,
  start_time, updated_at, events) VALUES (?,?,?,?,?,?,?,?)`, serverID, rid, action, c.ProjectID, c.UserID, now, now, "[]")

@@ -72,7 +72,9 @@ func (s *Service) Run(ctx context.Context) {
 // view with the store (nova/compute/manager.py init_host and
 // _sync_power_states).
 func (s *Service) resume(ctx context.Context) {
-	rows, err := s.db.Query(ctx, `SELECT id FROM compute_servers WHERE deleted=0 AND (task_state<>'' OR vm_state=?)`, vmBuilding)
+	// Servers with volume ops owed hold them in their document.
+	rows, err := s.db.Query(ctx, `SELECT id FROM compute_servers WHERE deleted=0 AND (task_state<>'' OR vm_state=?
+ OR doc LIKE ?)`, vmBuilding, `%"volume_ops":[%`)
 	if err != nil {
 		s.log.Error("reconcile: resume query failed", "error", err)
 		return
@@ -212,7 +214,22 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 			s.log.Error("reconcile: load failed", "server", id, "error", err)
 			return err
 		}
-		if sv.Deleted || (sv.TaskState == "" && sv.VMState != vmBuilding) {
+		if sv.Deleted {
+			return nil
+		}
+		// Volume ops come before any task step (a delete removes every
+		// attachment itself).
+		if len(sv.Doc.VolumeOps) > 0 && sv.TaskState != taskDeleting {
+			if err := s.volumeStep(ctx, sv); err != nil {
+				if ctx.Err() != nil || errors.Is(err, errWaitHost) {
+					return nil
+				}
+				s.log.Error("reconcile: volume op failed to commit", "server", id, "error", err)
+				return err
+			}
+			continue
+		}
+		if sv.TaskState == "" && sv.VMState != vmBuilding {
 			return nil
 		}
 		if more, err := s.step(ctx, sv); !more {
@@ -272,7 +289,8 @@ func retry(ctx context.Context, f func() error) error {
 }
 
 // spec is what the driver needs to build sv's VM: the server, its flavor,
-// the claim it holds on its host, its boot image and its ports.
+// the claim it holds on its host, its boot image, its ports and its
+// volumes, connected for its host.
 func (s *Service) spec(ctx context.Context, sv *server) (driver.Spec, error) {
 	f := sv.Doc.Flavor
 	sp := driver.Spec{ServerID: sv.ID, Name: sv.Name, Hostname: sv.Hostname, ProjectID: sv.ProjectID, Host: sv.Host,
@@ -328,6 +346,9 @@ func (s *Service) spec(ctx context.Context, sv *server) (driver.Spec, error) {
 		if p.IP != "" {
 			sp.FixedIPs = append(sp.FixedIPs, p.IP)
 		}
+	}
+	if sp.Volumes, err = s.specVolumes(ctx, sv); err != nil {
+		return sp, err
 	}
 	return sp, nil
 }

@@ -94,8 +94,18 @@ func (s *Service) stepDelete(ctx context.Context, sv *server, started time.Time)
 			return s.fail(ctx, sv, taskDeleting, "compute_terminate_instance", started, err, false)
 		}
 	}
+	// The VM is gone: its volumes' connections end, and the attachments
+	// go with the server (volume ops still owed are dropped with it).
+	atts, err := s.disconnectVolumes(ctx, sv)
+	if err != nil {
+		return err
+	}
 	shelved := sv.Doc.Shelved.ImageID
-	err := s.commit(ctx, sv.ID, taskDeleting, func(tx *store.Tx, cur *server) error {
+	err = s.commit(ctx, sv.ID, taskDeleting, func(tx *store.Tx, cur *server) error {
+		if err := s.removeVolumes(ctx, tx, atts); err != nil {
+			return err
+		}
+		cur.Doc.VolumeOps = nil
 		if err := s.networks.ReleaseServer(ctx, tx, cur.ID); err != nil {
 			return err
 		}
@@ -159,8 +169,14 @@ func (s *Service) stepShelve(ctx context.Context, sv *server, started time.Time)
 }
 
 func (s *Service) stepOffload(ctx context.Context, sv *server, started time.Time) error {
-	if err := retry(ctx, func() error { return s.driver.Destroy(ctx, sv.ID) }); err != nil {
+	// A VM already gone (a retried step) is offloaded.
+	if err := retry(ctx, func() error { return s.driver.Destroy(ctx, sv.ID) }); err != nil && !errors.Is(err, driver.ErrNotFound) {
 		return s.fail(ctx, sv, taskShelvingOffloading, "compute_shelve_offload_instance", started, err, false)
+	}
+	// The volumes stay attached, with no host to connect them for until
+	// unshelve's spawn.
+	if _, err := s.disconnectVolumes(ctx, sv); err != nil {
+		return err
 	}
 	err := s.commit(ctx, sv.ID, taskShelvingOffloading, func(tx *store.Tx, cur *server) error {
 		cur.VMState, cur.TaskState, cur.Power = vmShelvedOffloaded, "", int(driver.Shutdown)

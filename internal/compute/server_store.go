@@ -89,6 +89,10 @@ type serverDoc struct {
 	// no API shows it or takes it, so a customer cannot point delete or
 	// unshelve at an image of their choice.
 	Shelved shelveState `json:"shelved,omitzero"`
+	// VolumeOps are the volume attaches and detaches the server's
+	// reconcile worker owes (volume_attachments_work.go). Only compute
+	// writes them.
+	VolumeOps []volumeOp `json:"volume_ops,omitempty"`
 }
 
 // shelveState is what shelve keeps until unshelve or delete.

@@ -19,6 +19,7 @@ import (
 	"nimbus/internal/network"
 	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
+	"nimbus/internal/volume"
 	"nimbus/internal/workqueue"
 )
 
@@ -34,6 +35,7 @@ type Service struct {
 	driver   driver.Driver
 	images   Images
 	networks Networks
+	volumes  Volumes // nil: no block storage, volume attach refused
 	identity Projects
 	gate     SpendGate
 	log      *slog.Logger
@@ -83,6 +85,23 @@ type Networks interface {
 	NetworkChanged()
 }
 
+// Volumes is what compute needs of the block storage service
+// (*volume.Service): its volumes' attachments to servers, and how a
+// server's host opens them.
+type Volumes interface {
+	Reserve(ctx context.Context, tx *store.Tx, req volume.ReserveRequest) (volume.Attachment, error)
+	Connect(ctx context.Context, attachmentID, host string) (driver.Volume, error)
+	Disconnect(ctx context.Context, attachmentID string) error
+	Complete(ctx context.Context, tx *store.Tx, attachmentID string) error
+	BeginDetach(ctx context.Context, tx *store.Tx, attachmentID string) error
+	RollDetach(ctx context.Context, tx *store.Tx, attachmentID string) error
+	Remove(ctx context.Context, tx *store.Tx, attachmentID string) error
+	SetDeleteOnTermination(ctx context.Context, tx *store.Tx, attachmentID string, v bool) error
+	DeleteTerminated(ctx context.Context, tx *store.Tx, volumeID string) error
+	Attachments(ctx context.Context, q store.Querier, serverIDs ...string) (map[string][]volume.Attachment, error)
+	AttachmentByID(ctx context.Context, q store.Querier, id string) (volume.Attachment, error)
+}
+
 // Projects is what compute needs of the identity service
 // (*identity.Service): whether a project named in a quota call exists.
 type Projects interface {
@@ -95,6 +114,8 @@ type Deps struct {
 	Driver   driver.Driver
 	Images   Images
 	Networks Networks
+	// Volumes, when set, gives servers block storage volumes.
+	Volumes Volumes
 	// Identity, when set, is asked whether a project exists.
 	Identity Projects
 	// Billing, when set, is asked before creates and unshelves.
@@ -121,7 +142,7 @@ func New(d Deps) *Service {
 	}
 	s := &Service{
 		sched: schedView{policy: policy},
-		db:    d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, identity: d.Identity, gate: d.Billing, log: log,
+		db:    d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, volumes: d.Volumes, identity: d.Identity, gate: d.Billing, log: log,
 		now:   func() time.Time { return time.Now().UTC() },
 		queue: workqueue.New(workqueue.Config{Backoff: stepRetry, MaxBackoff: stepRetryMax}),
 	}
@@ -160,6 +181,7 @@ func (s *Service) Routes() []api.Route {
 	routes = append(routes, s.imageProxyRoutes()...)
 	routes = append(routes, s.consoleRoutes()...)
 	routes = append(routes, s.interfaceRoutes()...)
+	routes = append(routes, s.volumeAttachmentRoutes()...)
 	return routes
 }
 

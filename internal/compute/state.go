@@ -172,6 +172,10 @@ var actionRules = map[string]actionRule{
 	"detach_interface":   {vmStates: []string{vmActive, vmPaused, vmStopped}, mustLaunched: true, lockChecked: true},
 	"update_tags":        {vmStates: []string{vmActive, vmPaused, vmSuspended, vmStopped, vmShelved, vmShelvedOffloaded}},
 	"delete_tags":        {vmStates: []string{vmActive, vmPaused, vmSuspended, vmStopped, vmShelved, vmShelvedOffloaded}},
+	// nova/compute/api.py attach_volume, detach_volume, swap_volume.
+	"attach_volume": {vmStates: []string{vmActive, vmPaused, vmStopped, vmResized, vmSoftDeleted, vmShelved, vmShelvedOffloaded}, mustLaunched: true, lockChecked: true},
+	"detach_volume": {vmStates: []string{vmActive, vmPaused, vmStopped, vmResized, vmSoftDeleted, vmShelved, vmShelvedOffloaded}, mustLaunched: true, lockChecked: true},
+	"swap_volume":   {vmStates: []string{vmActive, vmPaused, vmResized}, mustLaunched: true, lockChecked: true},
 }
 
 // actionNames are the action names Nova puts in its 409 messages where they

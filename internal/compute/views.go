@@ -11,6 +11,7 @@ import (
 
 	"nimbus/internal/api"
 	"nimbus/internal/network"
+	"nimbus/internal/volume"
 )
 
 // isoTime is Nova's created/updated format (nova/utils.py isotime).
@@ -68,6 +69,8 @@ type viewCtx struct {
 	admin     bool
 	addresses map[string]map[string][]network.Address
 	hostState map[string]string
+	// volumes are the servers' volume attachments, read in one call.
+	volumes map[string][]volume.Attachment
 	// groupsOf gives a server's server groups (server_groups, 2.71).
 	groupsOf func(serverID string) []string
 }
@@ -91,6 +94,11 @@ func (s *Service) newViewCtx(r *http.Request, svs []*server) (*viewCtx, error) {
 	}
 	if vc.admin && vc.v.AtLeast(16) {
 		vc.hostState = s.hostStates(r.Context())
+	}
+	if vols, err := s.volumesAttached(r.Context(), svs); err != nil {
+		s.log.Warn("volume attachments unavailable", "error", err)
+	} else {
+		vc.volumes = vols
 	}
 	if vc.v.AtLeast(71) {
 		ctx := r.Context()
@@ -263,7 +271,7 @@ func (vc *viewCtx) serverView(sv *server, withGroups bool) obj {
 		m.set("OS-EXT-SRV-ATTR:hostname", sv.Hostname)
 	}
 	m = append(m, kv{"OS-EXT-STS:task_state", strOrNil(sv.TaskState)}, kv{"OS-EXT-STS:vm_state", sv.VMState},
-		kv{"OS-EXT-STS:power_state", sv.Power}, kv{"os-extended-volumes:volumes_attached", []any{}})
+		kv{"OS-EXT-STS:power_state", sv.Power}, kv{"os-extended-volumes:volumes_attached", volumesAttachedView(vc.volumes[sv.ID], v)})
 	if v.AtLeast(9) {
 		m.set("locked", sv.Locked)
 	}

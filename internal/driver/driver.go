@@ -243,6 +243,69 @@ type Spec struct {
 	// Revert, on Resize, takes the server back to the flavor it had
 	// before its last resize, with the disk the driver kept then.
 	Revert bool `json:",omitempty"`
+	// Volumes are the block storage volumes attached to the server, in
+	// the order they were attached: every start of the VM has them.
+	Volumes []Volume `json:",omitempty"`
+}
+
+// Volume is one block storage volume attached to a server, and how the
+// server's host opens it.
+type Volume struct {
+	// ID is the volume's id; the guest sees it as the disk's serial
+	// (virtio-blk keeps its first 20 characters, Linux's
+	// /dev/disk/by-id/virtio-<serial>), as Nova's libvirt driver gives it.
+	ID string `json:"id"`
+	// Device is the name Nova answered for the attachment (/dev/vdb), a
+	// hint only: the guest names its disks itself.
+	Device   string `json:"device,omitempty"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+	// Conn is where the data is.
+	Conn VolumeConn `json:"connection"`
+	// Throttle is the volume type's QoS, enforced as a QEMU throttle group.
+	Throttle Throttle `json:"throttle,omitzero"`
+}
+
+// Volume connection kinds: how a host reaches a volume's data.
+const (
+	VolumeFile = "file" // a raw file on this host (the storage node's own host)
+	VolumeNBD  = "nbd"  // an NBD export over TLS with a pre-shared key
+	VolumeRBD  = "rbd"  // a Ceph RBD image
+)
+
+// VolumeConn is Cinder's connection_info for one host: the volume
+// service gives it for the host a server runs on.
+type VolumeConn struct {
+	Driver string `json:"driver_volume_type"` // VolumeFile, VolumeNBD or VolumeRBD
+	// Path is a VolumeFile's file.
+	Path string `json:"path,omitempty"`
+	// Host, Port and Export are a VolumeNBD's server and export name;
+	// PSKIdentity and PSKKey (hex) its TLS pre-shared key.
+	Host        string `json:"host,omitempty"`
+	Port        int    `json:"port,omitempty"`
+	Export      string `json:"export,omitempty"`
+	PSKIdentity string `json:"psk_identity,omitempty"`
+	PSKKey      string `json:"psk_key,omitempty"`
+	// Pool, Image, User, Key and Monitors are a VolumeRBD's Ceph pool,
+	// image, client name (without "client."), its secret key and the
+	// monitors' addresses.
+	Pool     string   `json:"pool,omitempty"`
+	Image    string   `json:"image,omitempty"`
+	User     string   `json:"user,omitempty"`
+	Key      string   `json:"key,omitempty"`
+	Monitors []string `json:"monitors,omitempty"`
+	// SizeBytes is the volume's size when the connection was made.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
+}
+
+// Throttle is a disk's QoS limits (0: unlimited), QEMU's throttle-group
+// limits: x-iops-read, x-iops-write, x-iops-total and the bps forms.
+type Throttle struct {
+	ReadIOPS   int64 `json:"read_iops_sec,omitempty"`
+	WriteIOPS  int64 `json:"write_iops_sec,omitempty"`
+	TotalIOPS  int64 `json:"total_iops_sec,omitempty"`
+	ReadBytes  int64 `json:"read_bytes_sec,omitempty"`
+	WriteBytes int64 `json:"write_bytes_sec,omitempty"`
+	TotalBytes int64 `json:"total_bytes_sec,omitempty"`
 }
 
 // ImageRef names an image and what a driver needs to use its data.
@@ -402,6 +465,19 @@ type Driver interface {
 	// DetachPort takes port portID's NIC out of a server, and out of its
 	// next start; a port the server does not have is not an error.
 	DetachPort(ctx context.Context, id, portID string) error
+	// AttachVolume gives a server a disk on vol, hot-plugged into a
+	// running or paused VM; a stopped one gets it at its next start.
+	// Attaching a volume the server has updates its record (a new
+	// connection) and is otherwise not an error.
+	AttachVolume(ctx context.Context, id string, vol Volume) error
+	// DetachVolume takes volume volumeID's disk out of a server (waiting
+	// for the guest to release it), and out of its next start; a volume
+	// the server does not have is not an error.
+	DetachVolume(ctx context.Context, id, volumeID string) error
+	// ExtendVolume tells a running server that volume volumeID's disk
+	// grew to sizeBytes (its data already has), so that the guest sees
+	// the new size; a stopped server sees it at its next start.
+	ExtendVolume(ctx context.Context, id, volumeID string, sizeBytes int64) error
 }
 
 // ErrHostDown is returned by a driver that cannot reach the host a server

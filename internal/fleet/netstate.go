@@ -21,9 +21,13 @@ import (
 type DataPlane interface {
 	// HostState is host's desired network state now.
 	HostState(ctx context.Context, host string) (*netstate.Host, error)
-	// WaitChange returns the revision once it is above after, or when
-	// ctx ends.
-	WaitChange(ctx context.Context, after int64) int64
+	// WaitHost returns once host's state may differ from held, the last
+	// HostState answered for it, or when ctx ends. It may return with
+	// nothing new (the caller asks HostState again); it must not sleep
+	// through a change of the host's content. A data plane is to find
+	// which hosts a change touched without building every host's state
+	// once per waiting poll.
+	WaitHost(ctx context.Context, host string, held *netstate.Host)
 	// Metadata answers a guest's metadata request for the server behind
 	// req, one running on one of agentHosts; ErrNoServer when none is.
 	Metadata(ctx context.Context, agentHosts []string, req wire.MetadataRequest) (wire.MetadataResponse, error)
@@ -33,16 +37,12 @@ type DataPlane interface {
 // calling agent's hosts has the request's address.
 var ErrNoServer = errors.New("fleet: no server of this agent's hosts has that address")
 
-// Long-poll bounds of PathNetState: the longest wait; how often a waiting
-// poll rebuilds its host's state anyway, to catch a change nobody
-// announced (another controller's write, a host gone down); how long a
-// burst of changes may settle. maxMetadataBody bounds a metadata request
-// (a Windows password is POSTed).
+// netStateWait is the longest wait of a PathNetState long-poll;
+// maxMetadataBody bounds a metadata request (a Windows password is
+// POSTed).
 const (
-	netStateWait     = 25 * time.Second
-	netStateRecheck  = 5 * time.Second
-	netStateCoalesce = 100 * time.Millisecond
-	maxMetadataBody  = 64 << 10
+	netStateWait    = 25 * time.Second
+	maxMetadataBody = 64 << 10
 )
 
 // netServing is the agent API's data plane and what it last told each
@@ -133,17 +133,7 @@ func (s *Service) handleNetState(ctx context.Context, agent string, body []byte)
 			st.Revision = req.After
 			return http.StatusOK, st, nil
 		}
-		rctx, rcancel := context.WithTimeout(wctx, netStateRecheck)
-		changed := dp.WaitChange(rctx, st.Revision) > st.Revision
-		rcancel()
-		if changed {
-			// One build for a burst of commits (a server's ports, its
-			// placement, its address) rather than one each.
-			select {
-			case <-time.After(netStateCoalesce):
-			case <-wctx.Done():
-			}
-		}
+		dp.WaitHost(wctx, req.Host, st)
 	}
 }
 

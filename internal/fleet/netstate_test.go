@@ -34,11 +34,13 @@ func (d *hostPorts) HostState(ctx context.Context, host string) (*netstate.Host,
 	return st, nil
 }
 
-func (d *hostPorts) WaitChange(ctx context.Context, after int64) int64 {
+// WaitHost wakes on every change, the host's or not: the agent API must
+// still answer only when the host's own content changed.
+func (d *hostPorts) WaitHost(ctx context.Context, host string, held *netstate.Host) {
 	d.mu.Lock()
-	if d.rev > after {
-		defer d.mu.Unlock()
-		return d.rev
+	if d.rev > held.Revision {
+		d.mu.Unlock()
+		return
 	}
 	ch := d.wake
 	d.mu.Unlock()
@@ -46,9 +48,6 @@ func (d *hostPorts) WaitChange(ctx context.Context, after int64) int64 {
 	case <-ch:
 	case <-ctx.Done():
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.rev
 }
 
 // change adds a port on host and raises the revision.

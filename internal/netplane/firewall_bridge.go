@@ -48,18 +48,26 @@ func (b *bridgeProgram) rule(ch *nftables.Chain, parts ...[]expr.Any) {
 // bases adds the base chains. Anti-spoofing runs before br_netfilter
 // (priority 0) hands the packet to conntrack; the forward chains run
 // after br_netfilter's forward hook, so they see the established mark.
-func (b *bridgeProgram) bases() {
+func (b *bridgeProgram) bases(tunnels, dhcps []string) {
 	b.spoof = b.base("spoof", nftables.ChainHookPrerouting, -200)
 	b.egress = b.base("egress", nftables.ChainHookForward, 100)
 	b.ingress = b.base("ingress", nftables.ChainHookForward, 110)
 	// Distributed DHCP: each host's DHCP namespace answers only its own
-	// guests, so nothing crosses between it and the tunnels.
-	dhcp := ifPrefix(expr.MetaKeyIIFNAME, netstate.DHCPPrefix)
-	vxlanOut := ifPrefix(expr.MetaKeyOIFNAME, netstate.VXLANPrefix)
-	b.rule(b.egress, dhcp, vxlanOut, verdict(expr.VerdictDrop))
-	vxlanIn := ifPrefix(expr.MetaKeyIIFNAME, netstate.VXLANPrefix)
-	dhcpOut := ifPrefix(expr.MetaKeyOIFNAME, netstate.DHCPPrefix)
-	b.rule(b.egress, vxlanIn, dhcpOut, verdict(expr.VerdictDrop))
+	// guests, so nothing crosses between it and the tunnels. The VXLAN
+	// devices and DHCP veths are dispatched by name like the ports (their
+	// names follow from the networks), not matched by name prefix ahead
+	// of the dispatch: every forwarded frame would pay for loading its
+	// input device's name twice more.
+	fromTunnel := b.chain("from-tunnel")
+	b.rule(fromTunnel, ifPrefix(expr.MetaKeyOIFNAME, netstate.DHCPPrefix), verdict(expr.VerdictDrop))
+	fromDHCP := b.chain("from-dhcp")
+	b.rule(fromDHCP, ifPrefix(expr.MetaKeyOIFNAME, netstate.VXLANPrefix), verdict(expr.VerdictDrop))
+	for _, dev := range tunnels {
+		b.dispatch(b.egress, dev, fromTunnel)
+	}
+	for _, dev := range dhcps {
+		b.dispatch(b.egress, dev, fromDHCP)
+	}
 }
 
 // addrSet adds an interval set of addresses holding prefixes ps.

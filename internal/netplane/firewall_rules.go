@@ -20,7 +20,10 @@ import (
 type fwRuleset struct {
 	// zones maps every network's bridge to the network's conntrack zone.
 	zones map[string]uint16
-	ports []fwPort
+	// tunnels and dhcps are the networks' VXLAN devices and DHCP veths,
+	// which never forward to each other.
+	tunnels, dhcps []string
+	ports          []fwPort
 	// groups are the security groups some secured port is in, with their
 	// compiled rules.
 	groups []fwGroup
@@ -71,6 +74,10 @@ type fwRule struct {
 // compileFirewall checks st and turns it into the ruleset program writes.
 func compileFirewall(st *netstate.Host) (*fwRuleset, error) {
 	rs := &fwRuleset{zones: zonesOf(st), remotes: map[string]*fwAddrs{}}
+	for _, n := range st.Networks {
+		rs.tunnels = append(rs.tunnels, netstate.VXLANName(n.VNI))
+		rs.dhcps = append(rs.dhcps, dhcpVethName(n.ID))
+	}
 	sgs := map[string]*netstate.SecurityGroup{}
 	for i := range st.SecurityGroups {
 		sgs[st.SecurityGroups[i].ID] = &st.SecurityGroups[i]
@@ -315,7 +322,7 @@ func (rs *fwRuleset) program(c *nftables.Conn) {
 	c.AddTable(br)
 	b := &bridgeProgram{c: c, t: br, groups: map[string]bool{}, remote: map[string][2]*nftables.Set{},
 		to: map[*nftables.Chain][]nftables.SetElement{}, setID: ids}
-	b.bases()
+	b.bases(rs.tunnels, rs.dhcps)
 	for id, m := range rs.remotes {
 		b.remote[id] = [2]*nftables.Set{
 			b.addrSet("r4-"+id, nftables.TypeIPAddr, m.v4),
@@ -333,37 +340,49 @@ func (rs *fwRuleset) program(c *nftables.Conn) {
 
 // programConntrack writes the inet table: conntrack zones by bridge,
 // then the established mark on bridged packets.
+//
+// Every IP packet the host receives or bridges passes these chains, so
+// they are written for the per-packet cost: br_netfilter hands a bridged
+// packet to them (and VXLAN's own UDP passes them once more, unbridged),
+// and matching an interface name copies and hashes 16 bytes each time.
+// The bridge's name is therefore looked up once per packet, in "zone",
+// where the same rule clears the mark bit; "state" then finds a bridged
+// packet by its conntrack zone (a 2-byte set, read only for established
+// or related packets) instead of looking the name up again.
 func (rs *fwRuleset) programConntrack(c *nftables.Conn, t *nftables.Table, ids *setIDs) {
 	zoneType := nftables.TypeInteger
 	zoneType.Bytes = 2
 	zones := &nftables.Set{Table: t, ID: ids.next(), Name: "zones", IsMap: true,
 		KeyType: nftables.TypeIFName, DataType: zoneType}
-	var elems []nftables.SetElement
+	ours := &nftables.Set{Table: t, ID: ids.next(), Name: "our-zones", KeyType: zoneType}
+	var elems, zoneElems []nftables.SetElement
 	for dev, z := range rs.zones {
 		elems = append(elems, nftables.SetElement{Key: ifname(dev), Val: ne16(z)})
+		zoneElems = append(zoneElems, nftables.SetElement{Key: ne16(z)})
 	}
 	_ = c.AddSet(zones, elems) // errors only for anonymous non-constant sets
+	_ = c.AddSet(ours, zoneElems)
 	raw := c.AddChain(&nftables.Chain{Table: t, Name: "zone", Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw})
-	c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: []expr.Any{
+	// The bit is cleared first, on every packet of our bridges: nothing
+	// from outside may bring it in.
+	c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: cat([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: zones.Name, SetID: zones.ID},
 		&expr.Ct{Key: expr.CtKeyZONE, Register: 1, SourceRegister: true},
-	}})
+	}, setMarkBit(markEstablished, false))})
 	state := c.AddChain(&nftables.Chain{Table: t, Name: "state", Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter})
-	bridged := []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Lookup{SourceRegister: 1, SetName: zones.Name, SetID: zones.ID},
-	}
-	// The bit is cleared first: nothing from outside may bring it in.
-	c.AddRule(&nftables.Rule{Table: t, Chain: state, Exprs: cat(bridged, setMarkBit(markEstablished, false))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: state, Exprs: cat(bridged,
+	c.AddRule(&nftables.Rule{Table: t, Chain: state, Exprs: cat(
 		[]expr.Any{
 			&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
 				Mask: ne32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: ne32(0)},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ne32(0)},
+			// Only a bridged packet of ours has one of our zones; a
+			// host's own connection is in zone 0 or the operator's.
+			&expr.Ct{Key: expr.CtKeyZONE, Register: 1},
+			&expr.Lookup{SourceRegister: 1, SetName: ours.Name, SetID: ours.ID},
 		},
 		setMarkBit(markEstablished, true))})
 }

@@ -137,21 +137,55 @@ func (s *Service) fipViews(ctx context.Context, q store.Querier, fips []*fipRow)
 	return out, nil
 }
 
+// subnetOf is the subnet of port p's fixed address, "" if p has none such.
+func subnetOf(p *portRow, fixed string) string {
+	for _, f := range p.FixedIPs {
+		if f.IPAddress == fixed {
+			return f.SubnetID
+		}
+	}
+	return ""
+}
+
 // routerFor is the router that joins the subnet of a port's fixed address
 // to an external network, which neutron reports as a floating IP's
 // router_id (neutron/db/l3_db.py _get_router_for_floatingip); "" if none.
 func routerFor(ctx context.Context, q store.Querier, extNetID string, p *portRow, fixed string) (string, error) {
-	subnet := ""
-	for _, f := range p.FixedIPs {
-		if f.IPAddress == fixed {
-			subnet = f.SubnetID
-		}
-	}
+	subnet := subnetOf(p, fixed)
 	var id string
 	err := q.QueryRow(ctx, `SELECT r.id FROM routers r
 		JOIN ports ip ON ip.bound_by = ? AND ip.bound_device = r.id AND ip.device_owner = ?
 		JOIN ip_allocations a ON a.owner_id = ip.id WHERE r.gw_network_id = ? AND a.subnet_id = ? ORDER BY r.created_at LIMIT 1`,
 		bindRouter, ownerRouterInterface, extNetID, subnet).Scan(&id)
+	if store.IsNoRows(err) {
+		return "", nil
+	}
+	return id, err
+}
+
+// strandedFIP is a floating IP on extNetID associated with an address in
+// one of subnets that no router other than exclude joins to extNetID: the
+// one that a change to router exclude would leave without its NAT, which
+// Neutron refuses (RouterInterfaceInUseByFloatingIP,
+// RouterExternalGatewayInUseByFloatingIp); "" if none.
+func strandedFIP(ctx context.Context, q store.Querier, extNetID string, subnets []string, exclude string) (string, error) {
+	if len(subnets) == 0 {
+		return "", nil
+	}
+	args := []any{extNetID}
+	for _, s := range subnets {
+		args = append(args, s)
+	}
+	args = append(args, bindRouter, ownerRouterInterface, exclude)
+	var id string
+	err := q.QueryRow(ctx, `SELECT f.id FROM floatingips f
+		JOIN ip_allocations a ON a.owner_id = f.port_id AND a.ip_address = f.fixed_ip_address
+		WHERE f.floating_network_id = ? AND a.subnet_id IN (`+api.Placeholders(len(subnets))+`)
+		AND NOT EXISTS (SELECT 1 FROM routers r
+			JOIN ports ip ON ip.bound_by = ? AND ip.bound_device = r.id AND ip.device_owner = ?
+			JOIN ip_allocations b ON b.owner_id = ip.id
+			WHERE r.id <> ? AND r.gw_network_id = f.floating_network_id AND b.subnet_id = a.subnet_id)
+		LIMIT 1`, args...).Scan(&id)
 	if store.IsNoRows(err) {
 		return "", nil
 	}
@@ -250,6 +284,18 @@ func associate(ctx context.Context, q store.Querier, c *api.Caller, f *fipRow, p
 	}
 	if p.NetworkID == f.NetworkID {
 		return nerr(400, "BadRequest", "Bad floatingip request: Port %s is on the external network %s.", portID, f.NetworkID)
+	}
+	// The 1:1 NAT lives in the router that joins the address's subnet to
+	// the external network: without one there is nothing to do it, in
+	// either network mode, so Neutron's refusal holds everywhere. Nimbus's
+	// own paths (a flavor's public address, the panel) make the router
+	// first, as ensurePublicPath does.
+	if rid, err := routerFor(ctx, q, f.NetworkID, p, addr); err != nil {
+		return err
+	} else if rid == "" {
+		return nerr(404, "ExternalGatewayForFloatingIPNotFound",
+			"External network %s is not reachable from subnet %s.  Therefore, cannot associate Port %s with a Floating IP.",
+			f.NetworkID, subnetOf(p, addr), portID)
 	}
 	var other string
 	err = q.QueryRow(ctx, "SELECT id FROM floatingips WHERE port_id = ? AND fixed_ip_address = ? AND id <> ?", portID, addr, f.ID).Scan(&other)

@@ -234,42 +234,71 @@ type HostInfo struct {
 // without a live gateway host are placed, and networks given their DHCP
 // port, first, each in a short transaction of its own.
 func (s *Service) HostState(ctx context.Context, host string, hosts []HostInfo) (*netstate.Host, error) {
+	m, err := s.HostStates(ctx, []string{host}, hosts)
+	if err != nil {
+		return nil, err
+	}
+	return m[host], nil
+}
+
+// HostStates is HostState for each host of names at once: the same
+// queries over the set, so that a change costs one build for every host
+// waiting on the change feed rather than one build each.
+func (s *Service) HostStates(ctx context.Context, names []string, hosts []HostInfo) (map[string]*netstate.Host, error) {
 	rev := s.Revision() // before reading: a change during the build raises it past what is served
 	if err := s.placeRouters(ctx, hosts); err != nil {
 		return nil, err
 	}
-	b := &hostBuild{s: s, host: host, hosts: map[string]HostInfo{}, nets: map[string]*netstate.Network{}}
+	b := &hostBuild{s: s, hosts: map[string]HostInfo{}, states: map[string]*netstate.Host{}, hostNets: map[string][]string{},
+		netSet: map[string]bool{}, nets: map[string]*netstate.Network{}, ifSubnets: map[string][]*netstate.Router{}}
 	for _, h := range hosts {
 		b.hosts[h.Name] = h
 	}
-	st := &netstate.Host{Host: host, Revision: rev, VTEP: b.hosts[host].VTEP,
-		Networks: []netstate.Network{}, Ports: []netstate.Port{}, SecurityGroups: []netstate.SecurityGroup{},
-		Routers: []netstate.Router{}}
-	steps := []func(context.Context, *netstate.Host) error{b.ports, b.routers, b.networks, b.peers, b.groups, b.floatingIPs}
-	for _, step := range steps {
-		if err := step(ctx, st); err != nil {
+	for _, name := range names {
+		if b.states[name] != nil {
+			continue
+		}
+		b.names = append(b.names, name)
+		b.states[name] = &netstate.Host{Host: name, Revision: rev, VTEP: b.hosts[name].VTEP,
+			Networks: []netstate.Network{}, Ports: []netstate.Port{}, SecurityGroups: []netstate.SecurityGroup{},
+			Routers: []netstate.Router{}}
+	}
+	if len(b.names) == 0 {
+		return b.states, nil
+	}
+	for _, step := range []func(context.Context) error{b.ports, b.routers, b.networks, b.peers, b.groups, b.floatingIPs} {
+		if err := step(ctx); err != nil {
 			return nil, err
 		}
 	}
-	return st, nil
+	return b.states, nil
 }
 
-// hostBuild is one HostState in progress.
+// hostBuild is one HostStates in progress.
 type hostBuild struct {
 	s     *Service
-	host  string
 	hosts map[string]HostInfo
-	// netIDs are the networks the host needs, in the order met; nets
-	// those with a VXLAN segment once loaded.
-	netIDs []string
-	nets   map[string]*netstate.Network
-	// ifSubnets are the subnets of the host's routers' interfaces, by
-	// subnet: the router.
-	ifSubnets map[string]*netstate.Router
+	// names are the hosts being built, states their states.
+	names  []string
+	states map[string]*netstate.Host
+	// hostNets are the networks each host needs, in the order met; netIDs
+	// all of them, netSet the same as a set; nets those with a VXLAN
+	// segment once loaded, which each host's state copies.
+	hostNets map[string][]string
+	netIDs   []string
+	netSet   map[string]bool
+	nets     map[string]*netstate.Network
+	// ifSubnets are the subnets of the built hosts' routers' interfaces,
+	// by subnet: the routers.
+	ifSubnets map[string][]*netstate.Router
 }
 
-func (b *hostBuild) needNet(id string) {
-	if !slices.Contains(b.netIDs, id) {
+func (b *hostBuild) needNet(host, id string) {
+	if !slices.Contains(b.hostNets[host], id) {
+		b.hostNets[host] = append(b.hostNets[host], id)
+	}
+	if !b.netSet[id] {
+		b.netSet[id] = true
 		b.netIDs = append(b.netIDs, id)
 	}
 }
@@ -315,25 +344,22 @@ func queryIn(ctx context.Context, q store.Querier, ids []string, query string, a
 // runs (or is to run) on its host.
 const liveServer = "s.deleted = 0 AND s.host <> '' AND s.vm_state <> 'shelved_offloaded'"
 
-// ports reads the host's server ports with their addresses.
-func (b *hostBuild) ports(ctx context.Context, st *netstate.Host) error {
-	rows, err := b.s.db.Query(ctx, `SELECT p.id, p.network_id, p.bound_device, s.hostname, p.mac_address, p.admin_state_up,
-			p.port_security_enabled, p.security_groups, p.allowed_address_pairs, a.subnet_id, a.ip_address
+// ports reads the hosts' server ports with their addresses.
+func (b *hostBuild) ports(ctx context.Context) error {
+	return queryIn(ctx, b.s.db, b.names, `SELECT s.host, p.id, p.network_id, p.bound_device, s.hostname, p.mac_address,
+			p.admin_state_up, p.port_security_enabled, p.security_groups, p.allowed_address_pairs, a.subnet_id, a.ip_address
 		FROM compute_servers s CROSS JOIN ports p LEFT JOIN ip_allocations a ON a.owner_id = p.id
-		WHERE s.host = ? AND `+liveServer+` AND p.bound_device = s.id AND p.project_id = s.project_id AND p.bound_by = ?
-		ORDER BY p.id, a.seq`, b.host, bindCompute)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
+		WHERE s.host IN (@) AND `+liveServer+` AND p.bound_device = s.id AND p.project_id = s.project_id AND p.bound_by = ?
+		ORDER BY p.id, a.seq`, []any{theIDs, bindCompute}, func(rows *sql.Rows) error {
+		var host string
 		var p netstate.Port
 		var up, ps int
 		var sgs, pairs string
 		var sub, ip sql.NullString
-		if err := rows.Scan(&p.ID, &p.NetworkID, &p.ServerID, &p.Hostname, &p.MAC, &up, &ps, &sgs, &pairs, &sub, &ip); err != nil {
+		if err := rows.Scan(&host, &p.ID, &p.NetworkID, &p.ServerID, &p.Hostname, &p.MAC, &up, &ps, &sgs, &pairs, &sub, &ip); err != nil {
 			return err
 		}
+		st := b.states[host]
 		if n := len(st.Ports); n == 0 || st.Ports[n-1].ID != p.ID {
 			p.AdminUp, p.PortSecurity = up == 1, ps == 1
 			p.IPs = []netstate.FixedIP{}
@@ -343,14 +369,14 @@ func (b *hostBuild) ports(ctx context.Context, st *netstate.Host) error {
 			}
 			p.AllowedPairs = addressPairs(pairs)
 			st.Ports = append(st.Ports, p)
-			b.needNet(p.NetworkID)
+			b.needNet(host, p.NetworkID)
 		}
 		if ip.Valid {
 			last := &st.Ports[len(st.Ports)-1]
 			last.IPs = append(last.IPs, netstate.FixedIP{SubnetID: sub.String, IP: ip.String})
 		}
-	}
-	return rows.Err()
+		return nil
+	})
 }
 
 func addressPairs(js string) []netstate.AddressPair {
@@ -363,39 +389,41 @@ func addressPairs(js string) []netstate.AddressPair {
 	return out
 }
 
-// routers reads the routers placed on the host with their gateway and
-// interfaces, those an admin set down aside; their networks join the
+// routers reads the routers placed on the hosts with their gateway and
+// interfaces, those an admin set down aside; their networks join their
 // host's.
-func (b *hostBuild) routers(ctx context.Context, st *netstate.Host) error {
-	rows, err := b.s.db.Query(ctx, "SELECT id, project_id, enable_snat, COALESCE(gw_port_id, ''), routes FROM routers WHERE host = ? AND admin_state_up = 1 ORDER BY id", b.host)
-	if err != nil {
-		return err
-	}
+func (b *hostBuild) routers(ctx context.Context) error {
 	gwPort := map[string]string{} // router → gateway port
 	snat := map[string]bool{}
-	for rows.Next() {
-		var r netstate.Router
-		var on int
-		var gw, routes string
-		if err := rows.Scan(&r.ID, &r.ProjectID, &on, &gw, &routes); err != nil {
-			rows.Close()
-			return err
-		}
-		r.Interfaces = []netstate.RouterInterface{}
-		r.Routes = netRoutes(routes)
-		gwPort[r.ID], snat[r.ID] = gw, on == 1
-		st.Routers = append(st.Routers, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil || len(st.Routers) == 0 {
+	hostOf := map[string]string{} // router → host
+	var ids []string
+	err := queryIn(ctx, b.s.db, b.names, "SELECT host, id, project_id, enable_snat, COALESCE(gw_port_id, ''), routes FROM routers WHERE host IN (@) AND admin_state_up = 1 ORDER BY id",
+		[]any{theIDs}, func(rows *sql.Rows) error {
+			var host, gw, routes string
+			var r netstate.Router
+			var on int
+			if err := rows.Scan(&host, &r.ID, &r.ProjectID, &on, &gw, &routes); err != nil {
+				return err
+			}
+			r.Interfaces = []netstate.RouterInterface{}
+			r.Routes = netRoutes(routes)
+			gwPort[r.ID], snat[r.ID], hostOf[r.ID] = gw, on == 1, host
+			st := b.states[host]
+			st.Routers = append(st.Routers, r)
+			ids = append(ids, r.ID)
+			return nil
+		})
+	if err != nil || len(ids) == 0 {
 		return err
 	}
+	// Pointers once every host's routers are in place.
 	byID := map[string]*netstate.Router{}
-	ids := make([]string, len(st.Routers))
-	for i := range st.Routers {
-		byID[st.Routers[i].ID], ids[i] = &st.Routers[i], st.Routers[i].ID
+	for _, name := range b.names {
+		st := b.states[name]
+		for i := range st.Routers {
+			byID[st.Routers[i].ID] = &st.Routers[i]
+		}
 	}
-	b.ifSubnets = map[string]*netstate.Router{}
 	return queryIn(ctx, b.s.db, ids, `SELECT p.id, p.bound_device, p.network_id, p.mac_address, a.subnet_id, a.ip_address,
 			sn.cidr, COALESCE(sn.gateway_ip, '')
 		FROM ports p JOIN ip_allocations a ON a.owner_id = p.id JOIN subnets sn ON sn.id = a.subnet_id
@@ -413,8 +441,10 @@ func (b *hostBuild) routers(ctx context.Context, st *netstate.Host) error {
 		}
 		r.Interfaces = append(r.Interfaces, netstate.RouterInterface{PortID: id, NetworkID: netID, SubnetID: sub,
 			MAC: mac, IP: ip, CIDR: cidr})
-		b.ifSubnets[sub] = r
-		b.needNet(netID)
+		if !slices.Contains(b.ifSubnets[sub], r) {
+			b.ifSubnets[sub] = append(b.ifSubnets[sub], r)
+		}
+		b.needNet(hostOf[rid], netID)
 		return nil
 	})
 }
@@ -429,30 +459,33 @@ func netRoutes(js string) []netstate.Route {
 	return out
 }
 
-// networks loads the host's networks with their subnets and DHCP port,
-// making the DHCP port where one is missing. Ports on a network without a
-// segment (the flat public one) are not wired here.
-func (b *hostBuild) networks(ctx context.Context, st *netstate.Host) error {
+// networks loads the hosts' networks with their subnets and DHCP port,
+// making the DHCP port where one is missing, and gives each host its own
+// (peers come next). Ports on a network without a segment (the flat
+// public one) are not wired here.
+func (b *hostBuild) networks(ctx context.Context) error {
 	db := b.s.db
+	var all []*netstate.Network
 	err := queryIn(ctx, db, b.netIDs, `SELECT id, project_id, segmentation_id, mtu FROM networks
-		WHERE segmentation_id IS NOT NULL AND id IN (@) ORDER BY id`, []any{theIDs}, func(rows *sql.Rows) error {
-		var n netstate.Network
+		WHERE segmentation_id IS NOT NULL AND id IN (@)`, []any{theIDs}, func(rows *sql.Rows) error {
+		n := &netstate.Network{}
 		var vni int64
 		if err := rows.Scan(&n.ID, &n.ProjectID, &vni, &n.MTU); err != nil {
 			return err
 		}
 		n.VNI, n.Subnets, n.Peers = uint32(vni), []netstate.Subnet{}, []netstate.Peer{}
-		st.Networks = append(st.Networks, n)
+		b.nets[n.ID] = n
+		all = append(all, n)
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	ids := make([]string, len(st.Networks))
-	for i := range st.Networks {
-		b.nets[st.Networks[i].ID], ids[i] = &st.Networks[i], st.Networks[i].ID
+	ids := make([]string, len(all))
+	for i, n := range all {
+		ids[i] = n.ID
 	}
-	st.Ports = slices.DeleteFunc(st.Ports, func(p netstate.Port) bool { return b.nets[p.NetworkID] == nil })
+	slices.Sort(ids)
 	dhcpOn := map[string]bool{} // subnet
 	err = queryIn(ctx, db, ids, `SELECT id, network_id, cidr, COALESCE(gateway_ip, ''), dns_nameservers, host_routes,
 			enable_dhcp FROM subnets WHERE network_id IN (@) ORDER BY created_at, id`, []any{theIDs}, func(rows *sql.Rows) error {
@@ -476,21 +509,32 @@ func (b *hostBuild) networks(ctx context.Context, st *netstate.Host) error {
 	if err := b.dhcpPorts(ctx, ids, dhcpOn); err != nil {
 		return err
 	}
-	lacking := dhcpLacking(st)
-	if len(lacking) == 0 {
-		return nil
+	if lacking := dhcpLacking(all); len(lacking) > 0 {
+		if err := b.s.ensureDHCP(ctx, lacking); err != nil {
+			return err
+		}
+		if err := b.dhcpPorts(ctx, lacking, dhcpOn); err != nil {
+			return err
+		}
 	}
-	if err := b.s.ensureDHCP(ctx, lacking); err != nil {
-		return err
+	for _, name := range b.names {
+		st := b.states[name]
+		for _, id := range b.hostNets[name] {
+			if n := b.nets[id]; n != nil {
+				st.Networks = append(st.Networks, *n)
+			}
+		}
+		slices.SortFunc(st.Networks, func(x, y netstate.Network) int { return strings.Compare(x.ID, y.ID) })
+		st.Ports = slices.DeleteFunc(st.Ports, func(p netstate.Port) bool { return b.nets[p.NetworkID] == nil })
 	}
-	return b.dhcpPorts(ctx, lacking, dhcpOn)
+	return nil
 }
 
 // dhcpLacking lists the networks whose DHCP port has no address on some
 // DHCP subnet, or that have none.
-func dhcpLacking(st *netstate.Host) []string {
+func dhcpLacking(nets []*netstate.Network) []string {
 	var out []string
-	for _, n := range st.Networks {
+	for _, n := range nets {
 		for _, sn := range n.Subnets {
 			if sn.EnableDHCP && (n.DHCP == nil || !slices.ContainsFunc(n.DHCP.IPs, func(f netstate.FixedIP) bool { return f.SubnetID == sn.ID })) {
 				out = append(out, n.ID)
@@ -527,63 +571,85 @@ func (b *hostBuild) dhcpPorts(ctx context.Context, ids []string, dhcpOn map[stri
 		})
 }
 
-// peers lists, per network, the other hosts with a server port or a
-// router interface on it, with the MACs behind them; a host that is not
-// bridged (no VTEP) is no peer.
-func (b *hostBuild) peers(ctx context.Context, st *netstate.Host) error {
-	ids := make([]string, len(st.Networks))
-	for i := range st.Networks {
-		ids[i] = st.Networks[i].ID
+// peers lists, per network of each host, the other hosts with a server
+// port or a router interface on it, with the MACs behind them; a host
+// that is not bridged (no VTEP) is no peer.
+func (b *hostBuild) peers(ctx context.Context) error {
+	ids := make([]string, 0, len(b.nets))
+	for id := range b.nets {
+		ids = append(ids, id)
 	}
-	type key struct{ net, host string }
-	macs := map[key][]string{}
+	slices.Sort(ids)
+	// on[network] maps each host with a port there to its MACs.
+	on := map[string]map[string][]string{}
 	err := queryIn(ctx, b.s.db, ids, `SELECT p.network_id, s.host, p.mac_address
 		FROM ports p CROSS JOIN compute_servers s
 		WHERE p.network_id IN (@) AND p.bound_by = ? AND s.id = p.bound_device AND s.project_id = p.project_id
-			AND s.host <> ? AND `+liveServer+`
+			AND `+liveServer+`
 		UNION ALL SELECT p.network_id, r.host, p.mac_address FROM ports p CROSS JOIN routers r
 		WHERE p.network_id IN (@) AND p.bound_by = ? AND p.device_owner = ? AND r.id = p.bound_device
-			AND r.host <> ? AND r.host <> '' AND r.admin_state_up = 1`,
-		[]any{theIDs, bindCompute, b.host, theIDs, bindRouter, ownerRouterInterface, b.host}, func(rows *sql.Rows) error {
-			var k key
-			var mac string
-			if err := rows.Scan(&k.net, &k.host, &mac); err != nil {
+			AND r.host <> '' AND r.admin_state_up = 1`,
+		[]any{theIDs, bindCompute, theIDs, bindRouter, ownerRouterInterface}, func(rows *sql.Rows) error {
+			var net, host, mac string
+			if err := rows.Scan(&net, &host, &mac); err != nil {
 				return err
 			}
-			macs[k] = append(macs[k], mac)
+			if on[net] == nil {
+				on[net] = map[string][]string{}
+			}
+			on[net][host] = append(on[net][host], mac)
 			return nil
 		})
 	if err != nil {
 		return err
 	}
-	keys := make([]key, 0, len(macs))
-	for k := range macs {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		return keys[i].net < keys[j].net || keys[i].net == keys[j].net && keys[i].host < keys[j].host
-	})
-	for _, k := range keys {
-		h, ok := b.hosts[k.host]
-		if !ok || h.VTEP == "" {
-			continue
+	// Each network's peers once, sorted by host; each host then leaves
+	// itself out.
+	all := map[string][]netstate.Peer{}
+	for net, byHost := range on {
+		var ps []netstate.Peer
+		for host, macs := range byHost {
+			h, ok := b.hosts[host]
+			if !ok || h.VTEP == "" {
+				continue
+			}
+			slices.Sort(macs)
+			ps = append(ps, netstate.Peer{Host: host, VTEP: h.VTEP, MACs: slices.Compact(macs)})
 		}
-		sort.Strings(macs[k])
-		n := b.nets[k.net]
-		n.Peers = append(n.Peers, netstate.Peer{Host: k.host, VTEP: h.VTEP, MACs: slices.Compact(macs[k])})
+		slices.SortFunc(ps, func(x, y netstate.Peer) int { return strings.Compare(x.Host, y.Host) })
+		all[net] = ps
+	}
+	for _, name := range b.names {
+		st := b.states[name]
+		for i := range st.Networks {
+			n := &st.Networks[i]
+			n.Peers = []netstate.Peer{}
+			for _, p := range all[n.ID] {
+				if p.Host != name {
+					n.Peers = append(n.Peers, p)
+				}
+			}
+		}
 	}
 	return nil
 }
 
-// groups gives the security groups of the host's ports with port
+// groups gives each host the security groups of its ports with port
 // security on, and those their rules name as remote groups, each with its
 // rules and members.
-func (b *hostBuild) groups(ctx context.Context, st *netstate.Host) error {
+func (b *hostBuild) groups(ctx context.Context) error {
+	own := map[string][]string{} // host → its ports' groups, sorted
 	var ids []string
-	for _, p := range st.Ports {
-		if p.PortSecurity {
-			ids = append(ids, p.SecurityGroups...)
+	for _, name := range b.names {
+		var mine []string
+		for _, p := range b.states[name].Ports {
+			if p.PortSecurity {
+				mine = append(mine, p.SecurityGroups...)
+			}
 		}
+		slices.Sort(mine)
+		own[name] = slices.Compact(mine)
+		ids = append(ids, own[name]...)
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
@@ -628,7 +694,8 @@ func (b *hostBuild) groups(ctx context.Context, st *netstate.Host) error {
 	if err != nil {
 		return err
 	}
-	return queryIn(ctx, b.s.db, ids, "SELECT id, stateful FROM security_groups WHERE id IN (@) ORDER BY id", []any{theIDs},
+	groups := map[string]netstate.SecurityGroup{}
+	err = queryIn(ctx, b.s.db, ids, "SELECT id, stateful FROM security_groups WHERE id IN (@)", []any{theIDs},
 		func(rows *sql.Rows) error {
 			var g netstate.SecurityGroup
 			var stateful int
@@ -645,9 +712,31 @@ func (b *hostBuild) groups(ctx context.Context, st *netstate.Host) error {
 			if g.Members == nil {
 				g.Members = []string{}
 			}
-			st.SecurityGroups = append(st.SecurityGroups, g)
+			groups[g.ID] = g
 			return nil
 		})
+	if err != nil {
+		return err
+	}
+	for _, name := range b.names {
+		mine := own[name]
+		need := slices.Clone(mine)
+		for _, g := range mine {
+			for _, r := range rules[g] {
+				if r.RemoteGroupID != "" {
+					need = append(need, r.RemoteGroupID)
+				}
+			}
+		}
+		slices.Sort(need)
+		st := b.states[name]
+		for _, id := range slices.Compact(need) {
+			if g, ok := groups[id]; ok {
+				st.SecurityGroups = append(st.SecurityGroups, g)
+			}
+		}
+	}
+	return nil
 }
 
 // members maps each group to the fixed IPs and allowed address pairs of
@@ -703,11 +792,11 @@ func nullInt(n sql.NullInt64) *int {
 	return &v
 }
 
-// floatingIPs gives the host's routers their floating IPs: an address is
+// floatingIPs gives the hosts' routers their floating IPs: an address is
 // NATed by the router that joins its fixed IP's subnet to the address's
 // network, the first made when several do (as routerFor answers
 // router_id).
-func (b *hostBuild) floatingIPs(ctx context.Context, st *netstate.Host) error {
+func (b *hostBuild) floatingIPs(ctx context.Context) error {
 	if len(b.ifSubnets) == 0 {
 		return nil
 	}
@@ -746,9 +835,10 @@ func (b *hostBuild) floatingIPs(ctx context.Context, st *netstate.Host) error {
 		if err := rows.Scan(&f.ID, &f.Address, &f.FixedIP, &f.PortID, &k.extNet, &k.subnet); err != nil {
 			return err
 		}
-		r := b.ifSubnets[k.subnet]
-		if serving[k] == r.ID {
-			r.FloatingIPs = append(r.FloatingIPs, f)
+		for _, r := range b.ifSubnets[k.subnet] {
+			if serving[k] == r.ID {
+				r.FloatingIPs = append(r.FloatingIPs, f)
+			}
 		}
 		return nil
 	})

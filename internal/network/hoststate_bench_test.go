@@ -2,9 +2,12 @@ package network
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"testing"
 
+	"nimbus/internal/netstate"
 	"nimbus/internal/store"
 	"nimbus/internal/store/storetest"
 )
@@ -176,4 +179,95 @@ func benchRouter(ctx context.Context, s *Service, tx *store.Tx, project, pub, su
 	}
 	_, err := s.AttachPublicIP(ctx, tx, project, server, port)
 	return err
+}
+
+// BenchmarkRuleChange is one security group rule added in the benchmark's
+// cloud with an agent long-polling on every host: the time until every
+// affected host's new state is ready. per-host is one build for each
+// waiting host, as every poll rebuilt its own state on each change;
+// one-build is HostStates over all of them, as the controller's change
+// feed now builds them. Both compare each state's digest with the one
+// before to find the hosts the change affected.
+func BenchmarkRuleChange(b *testing.B) {
+	for _, e := range storetest.Engines(b) {
+		b.Run(e.Name, func(b *testing.B) {
+			s, hosts := benchCloud(b, e.URL)
+			ctx := context.Background()
+			names := make([]string, len(hosts))
+			for i, h := range hosts {
+				names[i] = h.Name
+			}
+			i := 0 // rules made, across the ways: each rule is new
+			for _, way := range []struct {
+				name  string
+				build func() (map[string]*netstate.Host, error)
+			}{
+				{"per-host", func() (map[string]*netstate.Host, error) {
+					out := map[string]*netstate.Host{}
+					for _, h := range names {
+						st, err := s.HostState(ctx, h, hosts)
+						if err != nil {
+							return nil, err
+						}
+						out[h] = st
+					}
+					return out, nil
+				}},
+				{"one-build", func() (map[string]*netstate.Host, error) { return s.HostStates(ctx, names, hosts) }},
+			} {
+				b.Run(way.name, func(b *testing.B) {
+					sums := map[string][32]byte{}
+					states, err := way.build()
+					if err != nil {
+						b.Fatal(err)
+					}
+					for h, st := range states {
+						sums[h] = digest(st)
+					}
+					var affected int
+					for b.Loop() {
+						b.StopTimer()
+						project := fmt.Sprintf("p%03d", i%benchNets)
+						i++
+						err := s.db.Tx(ctx, func(tx *store.Tx) error {
+							sg, err := ensureDefaultSG(ctx, tx, project)
+							if err != nil {
+								return err
+							}
+							port := 1000 + i
+							return insertRule(ctx, tx, &ruleRow{ID: newID(), SecurityGroupID: sg, ProjectID: project,
+								Direction: "ingress", Ethertype: "IPv4", Protocol: strPtr("tcp"), PortMin: &port, PortMax: &port})
+						})
+						if err != nil {
+							b.Fatal(err)
+						}
+						s.NetworkChanged()
+						b.StartTimer()
+						states, err := way.build()
+						if err != nil {
+							b.Fatal(err)
+						}
+						affected = 0
+						for h, st := range states {
+							if sum := digest(st); sum != sums[h] {
+								sums[h] = sum
+								affected++
+							}
+						}
+					}
+					b.ReportMetric(float64(affected), "affected-hosts")
+				})
+			}
+		})
+	}
+}
+
+func strPtr(s string) *string { return &s }
+
+// digest is fleet.Digest: a state's content, its revision aside.
+func digest(st *netstate.Host) [32]byte {
+	c := *st
+	c.Revision = 0
+	j, _ := json.Marshal(&c)
+	return sha256.Sum256(j)
 }

@@ -446,6 +446,7 @@ func (e *env) testFloatingIPs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	unroute := e.routeToPublic(t, priv.Subnets[0])
 	f, err := floatingips.Create(ctx, e.demo, floatingips.CreateOpts{FloatingNetworkID: pub.ID}).Extract()
 	if err != nil {
 		t.Fatal(err)
@@ -485,6 +486,7 @@ func (e *env) testFloatingIPs(t *testing.T) {
 	if err := ports.Delete(ctx, e.demo, p.ID).ExtractErr(); err != nil {
 		t.Fatal(err)
 	}
+	unroute()
 }
 
 func (e *env) testListOptions(t *testing.T) {

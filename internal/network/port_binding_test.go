@@ -242,6 +242,7 @@ func (e *bindingEnv) testServerPorts(t *testing.T) {
 	}
 	// A floating IP follows demo's port; alt cannot point one at it.
 	pub := networkByName(t, e.demo, network.PublicNetwork)
+	defer e.routeToPublic(t, priv.Subnets[0])()
 	f, err := floatingips.Create(ctx, e.demo, floatingips.CreateOpts{FloatingNetworkID: pub.ID, PortID: p.ID}).Extract()
 	if err != nil || f.PortID != p.ID {
 		t.Fatalf("associate: %+v %v", f, err)

@@ -177,6 +177,11 @@ func setGateway(ctx context.Context, q store.Querier, c *api.Caller, rt *routerR
 		}
 		return nil
 	}
+	if rt.GwNetworkID != nil {
+		if err := checkGatewayNeedNot(ctx, q, rt); err != nil {
+			return err
+		}
+	}
 	if rt.GwPortID != nil {
 		if err := deletePortRow(ctx, q, *rt.GwPortID); err != nil {
 			return err
@@ -494,6 +499,9 @@ func removeInterface(ctx context.Context, q store.Querier, rt *routerRow, subnet
 			if err := checkRoutesNeedNot(ctx, q, rt, p); err != nil {
 				return nil, err
 			}
+			if err := checkFIPsNeedNot(ctx, q, rt, p); err != nil {
+				return nil, err
+			}
 			return p, deletePortRow(ctx, q, p.ID)
 		}
 	}
@@ -726,6 +734,61 @@ func checkRouterSubnets(ctx context.Context, q store.Querier, rt *routerRow, add
 					n.CIDR, n.ID, old.CIDR, old.ID)
 			}
 		}
+	}
+	return nil
+}
+
+// checkFIPsNeedNot refuses to take interface p off rt while a floating IP
+// behind it has no other router to its external network
+// (neutron/db/l3_db.py _confirm_router_interface_not_in_use).
+func checkFIPsNeedNot(ctx context.Context, q store.Querier, rt *routerRow, p *portRow) error {
+	if rt.GwNetworkID == nil {
+		return nil
+	}
+	for _, f := range p.FixedIPs {
+		id, err := strandedFIP(ctx, q, *rt.GwNetworkID, []string{f.SubnetID}, rt.ID)
+		if err != nil {
+			return err
+		}
+		if id != "" {
+			return nerr(409, "RouterInterfaceInUseByFloatingIP",
+				"Router interface for subnet %s on router %s cannot be deleted, as it is required by one or more floating IPs.",
+				f.SubnetID, rt.ID)
+		}
+	}
+	return nil
+}
+
+// checkGatewayNeedNot refuses to clear or move rt's gateway while a
+// floating IP behind it has no other router to its external network
+// (neutron/db/l3_db.py _check_router_gw_port_in_use).
+func checkGatewayNeedNot(ctx context.Context, q store.Querier, rt *routerRow) error {
+	rows, err := q.Query(ctx, `SELECT DISTINCT a.subnet_id FROM ports p JOIN ip_allocations a ON a.owner_id = p.id
+		WHERE p.bound_by = ? AND p.bound_device = ? AND p.device_owner = ?`, bindRouter, rt.ID, ownerRouterInterface)
+	if err != nil {
+		return err
+	}
+	var subnets []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			rows.Close()
+			return err
+		}
+		subnets = append(subnets, s)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	id, err := strandedFIP(ctx, q, *rt.GwNetworkID, subnets, rt.ID)
+	if err != nil {
+		return err
+	}
+	if id != "" {
+		return nerr(409, "RouterExternalGatewayInUseByFloatingIp",
+			"Gateway cannot be updated for router %s, since a gateway to external network %s is required by one or more floating IPs.",
+			rt.ID, *rt.GwNetworkID)
 	}
 	return nil
 }

@@ -36,6 +36,11 @@ func TestReleasePort(t *testing.T) {
 			return l[0].ID
 		}
 		private, public := nets("private"), nets("public")
+		priv, err := networks.Get(ctx, e.demo, private).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.routeToPublic(t, priv.Subnets[0])
 		own, err := ports.Create(ctx, e.demo, ports.CreateOpts{NetworkID: private}).Extract()
 		if err != nil {
 			t.Fatal(err)

@@ -534,18 +534,27 @@ func (p *Panel) createFloatingIP(q *req) error {
 }
 
 // associateFloatingIP points an address at a port, or frees it from one
-// when no port is chosen.
+// when no port is chosen. A port that no router joins to the public
+// network gets one first (routeToPublic), which the customer asked for in
+// asking for the address.
 func (p *Panel) associateFloatingIP(q *req) error {
 	id, err := pathID(q, "id")
 	if err != nil {
 		return err
 	}
 	var port any // JSON null detaches
-	if v := q.r.PostForm.Get("port"); v != "" {
+	v := q.r.PostForm.Get("port")
+	if v != "" {
 		port = v
 	}
 	body := map[string]any{"floatingip": map[string]any{"port_id": port}}
-	if err := q.api.Do(q.r.Context(), http.MethodPut, Network, "/v2.0/floatingips/"+id, body, nil); err != nil {
+	err = q.api.Do(q.r.Context(), http.MethodPut, Network, "/v2.0/floatingips/"+id, body, nil)
+	if v != "" && StatusOf(err) == http.StatusNotFound {
+		if err = p.routeToPublic(q, id, v); err == nil {
+			err = q.api.Do(q.r.Context(), http.MethodPut, Network, "/v2.0/floatingips/"+id, body, nil)
+		}
+	}
+	if err != nil {
 		return q.back("/floating-ips", err)
 	}
 	return q.redirect("/floating-ips", q.T("The address was updated."))

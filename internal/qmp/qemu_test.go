@@ -148,11 +148,36 @@ func TestRealQEMU(t *testing.T) {
 		}
 	})
 
-	t.Run("one vCPU", func(t *testing.T) {
+	t.Run("one vCPU and getfd", func(t *testing.T) {
 		m, _, _ := startQEMU(t, 1, false)
-		tids, err := m.VCPUThreads(ctxT(t, 10*time.Second))
+		ctx := ctxT(t, 10*time.Second)
+		tids, err := m.VCPUThreads(ctx)
 		if err != nil || len(tids) != 1 || tids[0] <= 0 {
 			t.Fatalf("VCPUThreads = %v %v, want 1 positive thread id", tids, err)
+		}
+		// getfd without a descriptor fails; with one, QEMU holds it under
+		// its name until closefd.
+		if err := m.Execute(ctx, "getfd", map[string]string{"fdname": "p"}, nil); err == nil {
+			t.Fatal("getfd without a file succeeded")
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if err := m.ExecuteWithFile(ctx, "getfd", map[string]string{"fdname": "p"}, nil, w); err != nil {
+			t.Fatalf("getfd: %v", err)
+		}
+		w.Close()
+		if err := m.Execute(ctx, "closefd", map[string]string{"fdname": "p"}, nil); err != nil {
+			t.Fatalf("closefd of the file sent: %v", err)
+		}
+		// QEMU closed the only other copy of the write end.
+		if n, err := r.Read(make([]byte, 1)); n != 0 || err == nil {
+			t.Fatalf("read from the pipe after closefd: %d, %v; want EOF", n, err)
+		}
+		if err := m.Execute(ctx, "closefd", map[string]string{"fdname": "p"}, nil); err == nil {
+			t.Fatal("closefd twice succeeded")
 		}
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"syscall"
@@ -257,6 +258,23 @@ func (m *Monitor) fail(cause error) {
 // when result is non-nil. A cancelled wait returns ctx.Err() and the late
 // reply is dropped. Errors QEMU answered are *Error.
 func (m *Monitor) Execute(ctx context.Context, command string, args, result any) error {
+	return m.execute(ctx, command, args, result, nil)
+}
+
+// ExecuteWithFile runs a command as Execute does, with file's descriptor
+// sent along (SCM_RIGHTS on the command's line), as QMP's getfd and
+// add-fd take it: getfd {"fdname": NAME} gives a later command, say
+// netdev_add's tap fd=NAME, a file that QEMU could not open itself (a
+// tap only root may attach to, once QEMU runs as an unprivileged user).
+// file stays open here: the caller closes its copy when the call is done.
+func (m *Monitor) ExecuteWithFile(ctx context.Context, command string, args, result any, file *os.File) error {
+	if file == nil {
+		return fmt.Errorf("qmp: %s: no file to send", command)
+	}
+	return m.execute(ctx, command, args, result, file)
+}
+
+func (m *Monitor) execute(ctx context.Context, command string, args, result any, file *os.File) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -286,7 +304,7 @@ func (m *Monitor) Execute(ctx context.Context, command string, args, result any)
 		forget()
 		return fmt.Errorf("qmp: %s: %w", command, err)
 	}
-	if err := m.write(ctx, append(line, '\n')); err != nil {
+	if err := m.write(ctx, append(line, '\n'), file); err != nil {
 		forget()
 		return err
 	}
@@ -308,9 +326,10 @@ func (m *Monitor) Execute(ctx context.Context, command string, args, result any)
 	}
 }
 
-// write sends one line, giving up when ctx ends. A line cut short would
-// desynchronise the stream, so a partial write ends the connection.
-func (m *Monitor) write(ctx context.Context, line []byte) error {
+// write sends one line, with file's descriptor when file is not nil,
+// giving up when ctx ends. A line cut short would desynchronise the
+// stream, so a partial write ends the connection.
+func (m *Monitor) write(ctx context.Context, line []byte, file *os.File) error {
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
 	dl, _ := ctx.Deadline()
@@ -320,7 +339,13 @@ func (m *Monitor) write(ctx context.Context, line []byte) error {
 		m.conn.SetWriteDeadline(time.Unix(1, 0))
 		close(fired)
 	})
-	n, err := m.conn.Write(line)
+	var n int
+	var err error
+	if file != nil {
+		n, err = m.writeFile(line, file)
+	} else {
+		n, err = m.conn.Write(line)
+	}
 	if !stop() {
 		<-fired // don't let a late deadline hit the next writer
 	}
@@ -334,6 +359,34 @@ func (m *Monitor) write(ctx context.Context, line []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.err
+}
+
+// writeFile writes line with file's descriptor as ancillary data of its
+// first bytes, where QEMU's monitor picks it up for the command.
+func (m *Monitor) writeFile(line []byte, file *os.File) (int, error) {
+	uc, ok := m.conn.(*net.UnixConn)
+	if !ok {
+		return 0, errors.New("qmp: passing a file needs a unix socket")
+	}
+	raw, err := file.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var werr error
+	err = raw.Control(func(fd uintptr) {
+		n, _, werr = uc.WriteMsgUnix(line, syscall.UnixRights(int(fd)), nil)
+	})
+	if err == nil {
+		err = werr
+	}
+	if err == nil && n < len(line) {
+		// The descriptor went with the first bytes; the rest follows.
+		var k int
+		k, err = m.conn.Write(line[n:])
+		n += k
+	}
+	return n, err
 }
 
 // Done is closed when the connection ends (QEMU exited, socket closed, or Close).

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -718,4 +719,71 @@ func TestNoGoroutineLeak(t *testing.T) {
 		})
 		waitGoroutines(t, base)
 	})
+}
+
+// TestExecuteWithFile sends a pipe's write end with a command: the server
+// gets it as SCM_RIGHTS with the command's line, and what it writes there
+// comes out of the read end.
+func TestExecuteWithFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "qmp.sock")
+	serveAt(t, path, func(f *fakeConn) {
+		if !f.handshake() {
+			return
+		}
+		line, oob := make([]byte, 4096), make([]byte, 64)
+		n, oobn, _, _, err := f.c.(*net.UnixConn).ReadMsgUnix(line, oob)
+		if err != nil {
+			t.Errorf("fake server: %v", err)
+			return
+		}
+		var r request
+		if err := json.Unmarshal(line[:n], &r); err != nil || r.Execute != "getfd" {
+			t.Errorf("fake server: got %q (%v), want one getfd line", line[:n], err)
+			return
+		}
+		msgs, err := syscall.ParseSocketControlMessage(oob[:oobn])
+		if err != nil || len(msgs) != 1 {
+			f.replyErr(r, "GenericError", "No file descriptor supplied via SCM_RIGHTS")
+			return
+		}
+		fds, err := syscall.ParseUnixRights(&msgs[0])
+		if err != nil || len(fds) != 1 {
+			f.replyErr(r, "GenericError", "No file descriptor supplied via SCM_RIGHTS")
+			return
+		}
+		file := os.NewFile(uintptr(fds[0]), "sent")
+		file.WriteString("through")
+		file.Close()
+		f.reply(r, "{}")
+		for {
+			r, ok := f.recv()
+			if !ok {
+				return
+			}
+			f.reply(r, "{}")
+		}
+	})
+	m := dial(t, path)
+	ctx := ctxT(t, 5*time.Second)
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	err = m.ExecuteWithFile(ctx, "getfd", map[string]string{"fdname": "x"}, nil, wr)
+	wr.Close()
+	if err != nil {
+		t.Fatalf("ExecuteWithFile: %v", err)
+	}
+	got, err := io.ReadAll(rd)
+	if err != nil || string(got) != "through" {
+		t.Fatalf("read %q, %v; want what the server wrote to the file sent", got, err)
+	}
+	// The connection goes on as before.
+	if err := m.Execute(ctx, "query-status", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ExecuteWithFile(ctx, "getfd", nil, nil, nil); err == nil {
+		t.Fatal("ExecuteWithFile without a file succeeded")
+	}
 }

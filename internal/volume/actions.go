@@ -31,6 +31,25 @@ func (s *Service) action(r *http.Request) (*api.Response, error) {
 			return s.updateReadonly(r, raw) // retype.go
 		case "os-retype":
 			return s.retype(r, raw)
+		// Attach and detach (attachments.go).
+		case "os-reserve":
+			return s.reserveVolume(r)
+		case "os-unreserve":
+			return s.unreserveVolume(r)
+		case "os-begin_detaching":
+			return s.beginDetaching(r)
+		case "os-roll_detaching":
+			return s.rollDetaching(r)
+		case "os-attach":
+			return s.attachVolume(r, raw)
+		case "os-detach":
+			return s.detachVolume(r, raw)
+		case "os-initialize_connection":
+			return s.initializeConnection(r, raw)
+		case "os-terminate_connection":
+			return s.terminateConnection(r, raw)
+		case "os-force_detach":
+			return s.forceDetach(r, raw)
 		}
 		return nil, api.BadRequest("There is no such action: %s", name)
 	}
@@ -78,8 +97,16 @@ func (s *Service) extend(r *http.Request, raw json.RawMessage) (*api.Response, e
 		if err != nil {
 			return err
 		}
-		if v.Status != StatusAvailable {
-			// cinder/volume/api.py API._extend
+		// cinder/volume/api.py API._extend; an in-use volume from 3.42,
+		// when there is compute to tell its server.
+		inUse := v.Status == StatusInUse && minor(r) >= extendInUseMinor
+		if inUse && s.extender == nil {
+			return invalidVolume("Volume %s is in-use and this cloud cannot extend attached volumes.", v.ID)
+		}
+		if v.Status != StatusAvailable && !inUse {
+			if minor(r) >= extendInUseMinor {
+				return invalidVolume("Volume %s status must be 'available' or 'in-use' to extend, but current status is: %s.", v.ID, v.Status)
+			}
 			return invalidVolume("Volume %s status must be 'available' to extend, but current status is: %s.", v.ID, v.Status)
 		}
 		if newSize <= v.Size {

@@ -879,6 +879,12 @@ func (s *Service) volumeBack(ctx context.Context, q store.Querier, id, from, sta
 	if err != nil {
 		return err
 	}
+	if status == StatusInUse {
+		// Its server may have let go of it meanwhile (attach.go).
+		if status, err = heldStatus(ctx, q, v.ID); err != nil {
+			return err
+		}
+	}
 	_, err = s.setStatus(ctx, q, v, status, "", from)
 	return err
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/backups"
 	"github.com/gophercloud/gophercloud/v2/openstack/blockstorage/v3/limits"
@@ -282,7 +283,11 @@ func (e *env) testBackupErrors(t *testing.T) {
 	busy := e.newVolume(t, 1)
 	e.want(t, 202, "POST", "/v3/volumes/"+busy+"/action", e.adTok, `{"os-reset_status":{"status":"error"}}`)
 	used := e.newVolume(t, 1)
-	e.want(t, 202, "POST", "/v3/volumes/"+used+"/action", e.adTok, `{"os-reset_status":{"status":"in-use"}}`)
+	// Attached for real (Cinder's legacy actions, as Nova's older path):
+	// a backup of it gives it back in-use because it still is.
+	e.want(t, 202, "POST", "/v3/volumes/"+used+"/action", e.demoTok, `{"os-reserve":{}}`)
+	e.want(t, 202, "POST", "/v3/volumes/"+used+"/action", e.demoTok,
+		`{"os-attach":{"instance_uuid":"`+uuid.NewString()+`","mountpoint":"/dev/vdb"}}`)
 
 	bigVol := e.newVolume(t, 2)
 	big, err := backups.Create(ctx, e.demo, backups.CreateOpts{VolumeID: bigVol}).Extract()

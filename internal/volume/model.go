@@ -66,6 +66,9 @@ type volRow struct {
 
 	// AdminMetadata is kept by the service, never the owner (readonly, retype.go).
 	AdminMetadata map[string]string
+
+	// Attachments are loaded for views only (withAttachments).
+	Attachments []*attRow
 }
 
 const volColumns = `v.id, v.project_id, v.user_id, v.name, v.description, v.size, v.new_size, v.status, v.volume_type_id,

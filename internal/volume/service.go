@@ -16,6 +16,8 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"nimbus/internal/api"
@@ -49,6 +51,16 @@ type Config struct {
 	// BackupDir holds the volume backups (backupstore.go); "" is "backups"
 	// beside DataDir.
 	BackupDir string
+	// LocalHosts are the hosts the storage node's own agent presents:
+	// servers there open a volume's file directly. SetLocalHosts sets them
+	// later, once that agent has said what they are.
+	LocalHosts []string
+	// Exporter serves volumes to other hosts (nil: attaching on another
+	// host is refused).
+	Exporter Exporter
+	// Extender is told when an in-use volume grew (nil: extending an
+	// in-use volume is refused); SetExtender sets it later.
+	Extender Extender
 }
 
 // SpendGate is what volumes ask before a project starts or raises a charge
@@ -68,6 +80,10 @@ type Service struct {
 	qemuImg string
 	gate    SpendGate
 
+	local    atomic.Pointer[[]string] // LocalHosts
+	exporter Exporter
+	extender Extender // set while wiring, before serving
+
 	ctx   context.Context // background work; cancelled when Run returns
 	stop  context.CancelFunc
 	queue *workqueue.Queue // data work by volume id (worker.go)
@@ -79,7 +95,8 @@ type Service struct {
 // New makes the block storage service.
 func New(cfg Config) *Service {
 	s := &Service{db: cfg.DB, dataDir: cfg.DataDir, images: cfg.Images, log: cfg.Log, now: cfg.Now, qemuImg: cfg.QemuImg,
-		gate: cfg.Billing}
+		gate: cfg.Billing, exporter: cfg.Exporter, extender: cfg.Extender}
+	s.SetLocalHosts(cfg.LocalHosts)
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -91,6 +108,22 @@ func New(cfg Config) *Service {
 	s.startBackups(cfg.BackupDir)
 	return s
 }
+
+// SetLocalHosts sets the hosts whose servers open volume files directly
+// (Config.LocalHosts); call it before serving.
+func (s *Service) SetLocalHosts(hosts []string) {
+	h := slices.Clone(hosts)
+	s.local.Store(&h)
+}
+
+// isLocal is whether a server on host opens volume files directly.
+func (s *Service) isLocal(host string) bool {
+	return host != "" && slices.Contains(*s.local.Load(), host)
+}
+
+// SetExtender sets what is told of in-use volumes that grew (compute,
+// which is made after the volume service); call it before serving.
+func (s *Service) SetExtender(e Extender) { s.extender = e }
 
 // checkSpend asks the gate, when there is one, whether project may start
 // or raise a charge.
@@ -141,6 +174,14 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "PUT /v3/volumes/{id}", Handler: s.updateVolume},
 		{Pattern: "DELETE /v3/volumes/{id}", Handler: s.deleteVolume},
 		{Pattern: "POST /v3/volumes/{id}/action", Handler: s.action},
+
+		{Pattern: "GET /v3/attachments", Handler: s.listAttachments(false)},
+		{Pattern: "GET /v3/attachments/detail", Handler: s.listAttachments(true)},
+		{Pattern: "POST /v3/attachments", Handler: s.createAttachment},
+		{Pattern: "GET /v3/attachments/{id}", Handler: s.showAttachment},
+		{Pattern: "PUT /v3/attachments/{id}", Handler: s.updateAttachment},
+		{Pattern: "DELETE /v3/attachments/{id}", Handler: s.deleteAttachment},
+		{Pattern: "POST /v3/attachments/{id}/action", Handler: s.attachmentAction},
 
 		{Pattern: "GET /v3/snapshots", Handler: s.listSnapshots(false)},
 		{Pattern: "GET /v3/snapshots/detail", Handler: s.listSnapshots(true)},

@@ -50,7 +50,7 @@ func view(r *http.Request, v *volRow) map[string]any {
 		"links": links(r, "volumes", v.ID), "user_id": v.UserID,
 		"bootable": strconv.FormatBool(v.Bootable), "encrypted": false,
 		"replication_status": nil, "consistencygroup_id": nil, "multiattach": false,
-		"attachments": []any{},
+		"attachments": attachmentsView(v, admin),
 	}
 	if len(v.ImageMetadata) > 0 {
 		out["volume_image_metadata"] = v.ImageMetadata
@@ -95,6 +95,9 @@ func ownedVol(ctx context.Context, q store.Querier, c *api.Caller, id string) (*
 func (s *Service) showVolume(r *http.Request) (*api.Response, error) {
 	v, err := ownedVol(r.Context(), s.db, caller(r), r.PathValue("id"))
 	if err != nil {
+		return nil, err
+	}
+	if err := withAttachments(r.Context(), s.db, v); err != nil {
 		return nil, err
 	}
 	return api.JSON(200, map[string]any{"volume": view(r, v)}), nil
@@ -350,7 +353,10 @@ func (s *Service) updateVolume(r *http.Request) (*api.Response, error) {
 		v.UpdatedAt = s.now()
 		_, err = tx.Exec(ctx, "UPDATE volumes SET name = ?, description = ?, metadata = ?, updated_at = ? WHERE id = ?",
 			v.Name, v.Description, store.JSON(v.Metadata), store.FormatTime(v.UpdatedAt), v.ID)
-		return err
+		if err != nil {
+			return err
+		}
+		return withAttachments(ctx, tx, v)
 	})
 	if err != nil {
 		return nil, err
@@ -383,7 +389,13 @@ func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
 		if v.Status == StatusDeleting {
 			return nil // already on its way (cinder answers 202 again)
 		}
-		if !deletable[v.Status] && !(force && v.Status != StatusCreating) {
+		atts, err := attachmentsOf(ctx, tx, v.ID)
+		if err != nil {
+			return err
+		}
+		// Not even force deletes an attached or reserved volume
+		// (cinder/volume/api.py API.delete: attach_status != attached).
+		if len(atts) > 0 || (!deletable[v.Status] && !(force && v.Status != StatusCreating)) {
 			// cinder/volume/api.py API.delete
 			return invalidVolume("Volume status must be available or error or error_restoring or error_extending or error_managing " +
 				"and must not be migrating, attached, belong to a group, have snapshots, awaiting a transfer, or be disassociated from snapshots after volume transfer.")
@@ -707,6 +719,11 @@ func (s *Service) listVolumes(detail bool) api.HandlerFunc {
 			return nil, err
 		}
 		page := vols[:min(limit, len(vols))]
+		if detail {
+			if err := withAttachments(r.Context(), s.db, page...); err != nil {
+				return nil, err
+			}
+		}
 		out["volumes"] = volumeViews(r, page, detail)
 		if len(page) > 0 && len(vols) > len(page) {
 			out["volumes_links"] = nextVolumesLink(r, q, detail, limit, page[len(page)-1].ID)

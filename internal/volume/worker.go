@@ -32,6 +32,9 @@ func (s *Service) Run(ctx context.Context) {
 	}
 	s.resumeBackups(ctx)
 	s.resumeSnapshots(ctx)
+	if err := s.resyncExports(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("volume: resyncing block exports failed", "error", err)
+	}
 	<-ctx.Done()
 	s.Close()
 }
@@ -86,8 +89,7 @@ func (s *Service) process(ctx context.Context, id string) error {
 		}
 		return s.finish(ctx, v, werr, StatusCreating, func() { v.Status = StatusAvailable })
 	case StatusExtending:
-		werr := s.grow(v.ID, v.NewSize)
-		return s.finish(ctx, v, werr, StatusExtending, func() { v.Size, v.NewSize = max(v.Size, v.NewSize), 0 })
+		return s.finishExtend(ctx, v, s.grow(v.ID, v.NewSize)) // attach.go: in-use volumes stay in-use
 	case StatusDeleting:
 		err := s.removeSnapshotsOf(ctx, v.ID) // a cascade's
 		if err == nil {

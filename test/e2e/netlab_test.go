@@ -17,6 +17,7 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/attachinterfaces"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/keypairs"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
@@ -30,9 +31,11 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/rules"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 	"github.com/vishvananda/netns"
 
 	"nimbus/internal/cloud"
+	"nimbus/internal/netstate"
 	"nimbus/internal/testenv"
 )
 
@@ -160,7 +163,9 @@ func startNetlab(t *testing.T) *netlab {
 		args := []string{"--net=" + l.nsPath(h), l.bin, "agent", "--controller", "https://" + labCtlIP + ":8790",
 			"--ca-cert", l.c.CACertFile, "--data-dir", dir, "--name", h, "--driver", "qemu", "--heartbeat", "1s",
 			"--accel", "auto", "--reserved-cpus", "none", "--reserved-memory-mb", "-1",
-			"--network-mode", "bridged", "--host-ip", labHosts[h], "--netns-prefix", l.prefix + h + "-"}
+			"--network-mode", "bridged", "--host-ip", labHosts[h], "--netns-prefix", l.prefix + h + "-",
+			// As an operator runs it: QEMU drops to an unprivileged user.
+			"--qemu-user", "nobody"}
 		if h == "hva" {
 			args = append(args, "--provider-interface", "prov0")
 		}
@@ -567,6 +572,80 @@ sleep 8; cat /tmp/mac-spoof; ping -c 1 -W 2 %[1]s >/dev/null && echo normal-ok`,
 	l.agents[dbHost] = startProc(t, dbHost+" after wipe", "nsenter", []string{"NIMBUS_DATABASE_URL=", "NIMBUS_DATA_DIR="}, l.agArgs[dbHost]...)
 	pathsOK("web → db after " + dbHost + " lost its wiring")
 
+	// NIC hot-plug on running servers whose QEMU runs as nobody (the
+	// agent hands it each tap open, as it cannot attach to root's taps,
+	// least of all those made after it started): web gets an interface
+	// on a second network by net_id, db by a port made first; both learn
+	// their addresses there by DHCP and reach each other. db's NIC from
+	// the command line then goes (reached over the second network
+	// afterwards), then web's hot-plugged one: each leaves the guest and
+	// its tap leaves the host.
+	hotplugStart := time.Now()
+	if uid := qemuUID(web); uid != "65534" {
+		t.Errorf("web's QEMU runs as uid %q, want nobody's 65534 (--qemu-user nobody)", uid)
+	}
+	net2, err := networks.Create(ctx, a.network, networks.CreateOpts{Name: "second"}).Extract()
+	must(t, err)
+	noGateway := ""
+	_, err = subnets.Create(ctx, a.network, subnets.CreateOpts{NetworkID: net2.ID, CIDR: "10.1.0.0/24",
+		IPVersion: gophercloud.IPv4, GatewayIP: &noGateway}).Extract()
+	must(t, err)
+	webIf, err := attachinterfaces.Create(ctx, a.q.compute, web, attachinterfaces.CreateOpts{NetworkID: net2.ID}).Extract()
+	if err != nil {
+		t.Fatalf("attach an interface on the second network to web: %v\n%s", err, l.agents[webHost].tail())
+	}
+	dbPort, err := ports.Create(ctx, a.network, ports.CreateOpts{NetworkID: net2.ID}).Extract()
+	must(t, err)
+	if _, err := attachinterfaces.Create(ctx, a.q.compute, db, attachinterfaces.CreateOpts{PortID: dbPort.ID}).Extract(); err != nil {
+		t.Fatalf("attach port %s to db: %v\n%s", dbPort.ID, err, l.agents[dbHost].tail())
+	}
+	if len(webIf.FixedIPs) != 1 || len(dbPort.FixedIPs) != 1 {
+		t.Fatalf("second network's addresses: web %+v, db %+v", webIf.FixedIPs, dbPort.FixedIPs)
+	}
+	webIP2, dbIP2 := webIf.FixedIPs[0].IPAddress, dbPort.FixedIPs[0].IPAddress
+	// The guest's pciehp may take a moment to show eth1; the test guest
+	// runs DHCP on eth0 only by itself.
+	const dhcpEth1 = `i=0; while [ ! -e /sys/class/net/eth1 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+udhcpc -i eth1 -n -q -t 10 -T 1 -s /usr/share/udhcpc/default.script >/dev/null 2>&1; ip -4 -o addr show dev eth1`
+	if out, err := l.sshFrom(ctx, a, webFIP, dhcpEth1); err != nil || !strings.Contains(out, " "+webIP2+"/24 ") {
+		t.Fatalf("web's eth1: want %s/24 by DHCP: %v\n%s", webIP2, err, out)
+	}
+	jump2, err := testenv.SSHClient(ctx, nsDial(l.nsPath("inet")), webFIP+":22", "root", a.q.key)
+	must(t, err)
+	defer jump2.Close()
+	viaWeb := func(addr, command string) (string, error) {
+		jctx, cancel := context.WithTimeout(ctx, vmTimeout)
+		defer cancel()
+		out, err := testenv.SSHVia(jctx, jump2.DialContext, addr+":22", "root", a.q.key, command)
+		return strings.TrimSpace(out), err
+	}
+	if out, err := viaWeb(dbIP, dhcpEth1); err != nil || !strings.Contains(out, " "+dbIP2+"/24 ") {
+		t.Fatalf("db's eth1: want %s/24 by DHCP: %v\n%s", dbIP2, err, out)
+	}
+	if out, err := l.sshFrom(ctx, a, webFIP, "ping -c 2 -W 2 "+dbIP2); err != nil {
+		t.Errorf("web → db on the second network: %v\n%s", err, out)
+	}
+	// db's NIC of the command line (its first port, eth0) goes.
+	dbPorts, err := ports.List(a.network, ports.ListOpts{DeviceID: db, NetworkID: a.netID}).AllPages(ctx)
+	must(t, err)
+	dbFirst, err := ports.ExtractPorts(dbPorts)
+	must(t, err)
+	if len(dbFirst) != 1 {
+		t.Fatalf("db has %d ports on the private network", len(dbFirst))
+	}
+	must(t, attachinterfaces.Delete(ctx, a.q.compute, db, dbFirst[0].ID).ExtractErr())
+	if out, err := viaWeb(dbIP2, "ls /sys/class/net | tr '\\n' ' '"); err != nil || out != "eth1 lo" {
+		t.Errorf("db's interfaces after its first NIC was detached: %v: %q, want eth1 and lo", err, out)
+	}
+	l.waitNoTap(dbHost, dbFirst[0].ID)
+	// web's hot-plugged NIC goes.
+	must(t, attachinterfaces.Delete(ctx, a.q.compute, web, webIf.PortID).ExtractErr())
+	if out, err := l.sshFrom(ctx, a, webFIP, "ls /sys/class/net | tr '\\n' ' '"); err != nil || strings.TrimSpace(out) != "eth0 lo" {
+		t.Errorf("web's interfaces after its second NIC was detached: %v: %q, want eth0 and lo", err, out)
+	}
+	l.waitNoTap(webHost, webIf.PortID)
+	t.Logf("NIC hot-plug steps took %v", time.Since(hotplugStart).Round(100*time.Millisecond))
+
 	// Delete everything: no device, rule or namespace is left on a host.
 	for _, s := range []struct {
 		tn *labTenant
@@ -580,6 +659,8 @@ sleep 8; cat /tmp/mac-spoof; ping -c 1 -W 2 %[1]s >/dev/null && echo normal-ok`,
 	}{{a, web}, {a, db}, {b, other}} {
 		waitGone(t, s.tn.q.compute, s.id)
 	}
+	must(t, ports.Delete(ctx, a.network, dbPort.ID).ExtractErr())
+	must(t, networks.Delete(ctx, a.network, net2.ID).ExtractErr())
 	for _, tn := range []*labTenant{a, b} {
 		fp, err := floatingips.List(tn.network, floatingips.ListOpts{}).AllPages(ctx)
 		must(t, err)
@@ -596,6 +677,38 @@ sleep 8; cat /tmp/mac-spoof; ping -c 1 -W 2 %[1]s >/dev/null && echo normal-ok`,
 	if left := l.leftovers(); left != "" {
 		t.Errorf("left behind:\n%s", left)
 	}
+}
+
+// waitNoTap waits until port portID's tap is gone from host h.
+func (l *netlab) waitNoTap(h, portID string) {
+	l.t.Helper()
+	tap := netstate.TapName(portID)
+	waitFor(l.t, 10*time.Second, "tap "+tap+" gone from "+h, func() bool {
+		_, err := l.in(h, "ip", "link", "show", tap)
+		return err != nil
+	})
+}
+
+// qemuUID is the user id the QEMU of server id runs as ("" when none is
+// found): its process names the server's directory.
+func qemuUID(id string) string {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(cmd), "qemu") || !strings.Contains(string(cmd), "/"+id+"/") {
+			continue
+		}
+		st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(st), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				return f[1]
+			}
+		}
+	}
+	return ""
 }
 
 // ourLink matches the names the data plane gives links.

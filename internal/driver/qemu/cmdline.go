@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -45,6 +46,16 @@ const (
 // device_add of a volume or NIC attached later).
 func HotplugPortID(i int) string { return "hp" + strconv.Itoa(i) }
 
+// NICPortID is the id of the pcie-root-port of the i-th NIC on the
+// command line: an "hp" name, so that once its NIC is detached the port
+// takes another device.
+func NICPortID(i int) string { return "hpn" + strconv.Itoa(i) }
+
+// VolumePortID is the id of the pcie-root-port of the i-th volume on the
+// command line: an "hp" name, so that once its volume is detached the
+// port takes another one.
+func VolumePortID(i int) string { return "hpv" + strconv.Itoa(i) }
+
 // Command is QEMU's argv (without the binary) for m.
 //
 // The result is deterministic. Notes on the choices, all checked against
@@ -56,6 +67,8 @@ func HotplugPortID(i int) string { return "hp" + strconv.Itoa(i) }
 //     aio=threads, i.e. cache=none) → format node → throttle node when
 //     IOPS are set (throttle group tg0 with x-iops-read/x-iops-write; the
 //     dotted limits.* form is rejected on the command line).
+//   - Volumes are JSON -object/-blockdev/-device arguments, the very
+//     ones hot-plug gives QMP (volumeSpec), so that detach finds either.
 //   - No -no-shutdown: a guest poweroff ends the process.
 //   - With Incoming, QEMU reads the saved state through "exec:cat FILE"
 //     (QEMU 7.2 has no file: migration URI) and resumes the guest by
@@ -177,11 +190,17 @@ func Command(m *Machine) []string {
 		}
 	}
 
-	for _, n := range m.NICs {
+	// Each NIC sits on a pcie-root-port of its own, as hot-plugged ones
+	// do, so that any NIC can be unplugged (the root complex cannot).
+	chassis := 0
+	for i, n := range m.NICs {
 		model := n.Model
 		if model == "" {
 			model = "virtio-net-pci"
 		}
+		chassis++
+		rp := NICPortID(i)
+		a.add("-device", fmt.Sprintf("pcie-root-port,id=%s,chassis=%d,slot=%d", rp, chassis, chassis))
 		dev := model
 		if n.Netdev != "" {
 			a.add("-netdev", n.Netdev)
@@ -190,7 +209,7 @@ func Command(m *Machine) []string {
 		if n.MAC != "" {
 			dev += ",mac=" + n.MAC
 		}
-		a.add("-device", dev+",id="+n.ID+"-dev")
+		a.add("-device", dev+",bus="+rp+",id="+n.ID+"-dev")
 	}
 
 	if m.Windows {
@@ -198,12 +217,22 @@ func Command(m *Machine) []string {
 		a.add("-device", "usb-tablet,id=tablet0,bus=usb0.0")
 	}
 
-	chassis := 0
 	for i, addr := range m.GPUs {
 		chassis++
 		rp := fmt.Sprintf("gpurp%d", i)
 		a.add("-device", fmt.Sprintf("pcie-root-port,id=%s,chassis=%d,slot=%d", rp, chassis, chassis))
 		a.add("-device", fmt.Sprintf("vfio-pci,host=%s,bus=%s,id=gpu%d", esc(addr), rp, i))
+	}
+	for i, vol := range m.Volumes {
+		chassis++
+		rp := VolumePortID(i)
+		a.add("-device", fmt.Sprintf("pcie-root-port,id=%s,chassis=%d,slot=%d", rp, chassis, chassis))
+		p := volumeSpec(m.Dir, vol, rp)
+		for _, o := range p.objects {
+			a.add("-object", jsonArg(o))
+		}
+		a.add("-blockdev", jsonArg(p.node))
+		a.add("-device", jsonArg(p.device))
 	}
 	for i := range m.HotplugSlots {
 		chassis++
@@ -256,7 +285,27 @@ func Validate(m *Machine) error {
 			}
 		}
 	}
+	vols := map[string]bool{}
+	for _, vol := range m.Volumes {
+		if err := validVolume(vol); err != nil {
+			return fmt.Errorf("qemu: %w", err)
+		}
+		if vols[vol.ID] {
+			return fmt.Errorf("qemu: volume %s is attached twice", vol.ID)
+		}
+		vols[vol.ID] = true
+	}
 	return nil
+}
+
+// jsonArg is a QEMU option as JSON (-object, -blockdev and -device take
+// it), which needs no escaping of paths or ids.
+func jsonArg(v map[string]any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // maps of strings, numbers and bools
+	}
+	return string(b)
 }
 
 type args []string

@@ -847,6 +847,10 @@ func (d *Driver) machine(id, dir string, st state, incoming string) (*Machine, e
 	if err != nil {
 		return nil, err
 	}
+	if err := d.volumeFiles(dir, spec.Volumes); err != nil {
+		return nil, err
+	}
+	m.Volumes = spec.Volumes
 	ports := spec.Ports
 	if len(ports) == 0 && d.forwarding() {
 		// A server without ports still gets one NIC on slirp's default

@@ -120,14 +120,16 @@ func (d *Driver) dropPort(v *vm, portID string) error {
 
 // plug adds port's netdev and NIC to a live QEMU, unless a NIC with its
 // MAC is there already; in bridged mode the port's tap must be wired
-// first. What it added is taken out again when a later step fails.
+// first, and QEMU gets it open (plugTap). What it added is taken out
+// again when a later step fails.
 func (d *Driver) plug(ctx context.Context, mon *qmp.Monitor, port driver.Port, vifModel string) error {
 	if dev, _, err := nicByMAC(ctx, mon, port.MAC); err != nil {
 		return err
 	} else if dev != "" {
 		return nil
 	}
-	if b, ok := d.cfg.Net.(BridgedNet); ok {
+	b, bridged := d.cfg.Net.(BridgedNet)
+	if bridged {
 		if err := b.waitWired(ctx, []driver.Port{port}); err != nil {
 			return err
 		}
@@ -147,8 +149,13 @@ func (d *Driver) plug(ctx context.Context, mon *qmp.Monitor, port driver.Port, v
 	}
 	// A netdev left by an attempt cut short would make netdev_add fail.
 	_ = mon.Execute(ctx, "netdev_del", map[string]string{"id": nid}, nil)
-	if err := hmp(ctx, mon, "netdev_add "+netdev); err != nil {
-		return fmt.Errorf("netdev_add: %w", err)
+	if bridged {
+		err = b.plugTap(ctx, mon, nid, port)
+	} else if err = hmp(ctx, mon, "netdev_add "+netdev); err != nil {
+		err = fmt.Errorf("netdev_add: %w", err)
+	}
+	if err != nil {
+		return err
 	}
 	err = mon.Execute(ctx, "device_add", map[string]any{"driver": model, "id": nid + "-dev", "netdev": nid,
 		"mac": port.MAC, "bus": slot}, nil)
@@ -174,10 +181,12 @@ func hmp(ctx context.Context, mon *qmp.Monitor, cmd string) error {
 }
 
 // unplug takes the NIC with MAC mac out of a live QEMU: device_del, the
-// guest's DEVICE_DELETED (bounded by unplugTimeout), then its netdev. A
-// NIC from the command line sits on the root complex, which cannot
-// unplug: its netdev is deleted, which takes its link down, so that
-// nothing passes, and the next start of the QEMU is without it.
+// guest's DEVICE_DELETED (bounded by unplugTimeout), then its netdev.
+// Every NIC sits on a pcie-root-port, those of the command line too
+// (NICPortID), except in a QEMU started before they did, where they sit
+// on the root complex, which cannot unplug: there its netdev is deleted,
+// which takes its link down, so that nothing passes, and the next start
+// of the QEMU is without it.
 func (d *Driver) unplug(ctx context.Context, mon *qmp.Monitor, mac string) error {
 	dev, netdev, err := nicByMAC(ctx, mon, mac)
 	if err != nil || dev == "" {

@@ -23,8 +23,8 @@ import (
 // hot-plugs a second NIC: the guest sees eth1 come with the port's MAC
 // and go on detach. Attached again, the NIC is in the server's record, so
 // a power cycle (a new QEMU) has it from the start; detached then, from
-// the root complex where it cannot unplug, its link goes down and the
-// record drops it.
+// the pcie-root-port the command line put it on, it is unplugged as
+// well, and the record drops it.
 func TestNICHotplug(t *testing.T) {
 	qemu.NeedQEMU(t)
 	guest := testenv.TestGuest(t)
@@ -149,9 +149,7 @@ func TestNICHotplug(t *testing.T) {
 		if err := d.DetachPort(ctx, id, second.ID); err != nil {
 			t.Fatalf("DetachPort: %v", err)
 		}
-		if got := run(t, "ip link set eth1 up; sleep 1; cat /sys/class/net/eth1/carrier"); got != "0" {
-			t.Errorf("eth1 carrier %q after detach, want 0", got)
-		}
+		waitNICs(t, "eth0", "lo")
 		if got := recorded(t); !slices.Equal(got, []string{"port-1"}) {
 			t.Errorf("record has ports %v", got)
 		}

@@ -63,6 +63,10 @@ type Machine struct {
 	// HotplugSlots are spare pcie-root-ports for volumes and NICs attached
 	// later.
 	HotplugSlots int
+	// Volumes are the attached block storage volumes, each a virtio-blk
+	// disk on a pcie-root-port of its own (so that it can be unplugged);
+	// their keys are in files in Dir (stashVolumeKeys).
+	Volumes []driver.Volume
 
 	// Incoming restores the state saved by a suspend (a file QEMU reads
 	// with -incoming), "" for a normal boot.

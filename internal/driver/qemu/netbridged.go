@@ -3,11 +3,16 @@ package qemu
 import (
 	"context"
 	"fmt"
+	"net"
+	"os"
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"nimbus/internal/driver"
 	"nimbus/internal/netstate"
+	"nimbus/internal/qmp"
 )
 
 // Wiring is the host's bridged data plane as the driver sees it: the
@@ -58,7 +63,8 @@ func withAccel(p DataPlane, accel string) DataPlane {
 //
 //	tap,id=<nicID>,ifname=<tap of port.ID>,script=no,downscript=no,vhost=on|off
 //
-// forwards are ignored: a bridged guest is reached at its address.
+// forwards are ignored: a bridged guest is reached at its address. The
+// driver itself gives QEMU the tap's open file instead (passTaps).
 func (b BridgedNet) Netdev(nicID string, port driver.Port, forwards map[int]int) (string, error) {
 	if !isQEMUID(nicID) {
 		return "", fmt.Errorf("qemu: bridged net: bad NIC id %q (want a letter, then letters, digits, '-' or '_')", nicID)
@@ -71,6 +77,133 @@ func (b BridgedNet) Netdev(nicID string, port driver.Port, forwards map[int]int)
 		vhost = "on"
 	}
 	return fmt.Sprintf("tap,id=%s,ifname=%s,script=no,downscript=no,vhost=%s", nicID, netstate.TapName(port.ID), vhost), nil
+}
+
+// The agent (root) opens each port's tap and hands QEMU the open file
+// (-netdev tap,fd=N at start; QMP getfd then netdev_add tap,fd=NAME
+// when hot-plugged), rather than QEMU attaching by name: the taps stay
+// root's, and a QEMU that dropped to an unprivileged user (-runas)
+// still gets taps made after it started, which it could not attach to
+// itself (TUNSETIFF on another user's tap is EPERM).
+
+// tunDevice is the kernel's tun/tap clone device.
+const tunDevice = "/dev/net/tun"
+
+// openTap attaches to the persistent tap name (made by the agent's data
+// plane) and returns the open file: single queue, no packet info, with
+// the virtio-net header QEMU's tap backend probes for (TUNGETIFF).
+func openTap(name string) (*os.File, error) {
+	// TUNSETIFF would make a new, unbridged tap of a name that is gone.
+	if _, err := net.InterfaceByName(name); err != nil {
+		return nil, fmt.Errorf("qemu: tap %s: %w", name, err)
+	}
+	fd, err := unix.Open(tunDevice, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: open %s: %w", tunDevice, err)
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err == nil {
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+		err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("qemu: attach to tap %s: %w", name, err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// tapNetdev is the -netdev value of NIC nicID on a tap QEMU inherits as
+// descriptor fd; with vhost on, QEMU opens /dev/vhost-net itself, still
+// privileged at that point.
+func (b BridgedNet) tapNetdev(nicID string, fd int) string {
+	vhost := "off"
+	if b.vhost {
+		vhost = "on"
+	}
+	return fmt.Sprintf("tap,id=%s,fd=%d,vhost=%s", nicID, fd, vhost)
+}
+
+// passTaps opens the taps of m's NICs (ports, in NIC order, as machine
+// made them) and points their -netdev at the descriptors QEMU inherits:
+// files[i] is descriptor 3+i in QEMU (exec.Cmd.ExtraFiles). The caller
+// closes the files once QEMU has started. Not bridged: nothing.
+func (d *Driver) passTaps(m *Machine, ports []driver.Port) (files []*os.File, err error) {
+	b, ok := d.cfg.Net.(BridgedNet)
+	if !ok {
+		return nil, nil
+	}
+	if len(ports) != len(m.NICs) {
+		return nil, fmt.Errorf("qemu: server %s: %d NICs for %d ports", m.ID, len(m.NICs), len(ports))
+	}
+	defer func() {
+		if err != nil {
+			closeFiles(files)
+			files = nil
+		}
+	}()
+	for i, port := range ports {
+		f, err := openTap(netstate.TapName(port.ID))
+		if err != nil {
+			return files, fmt.Errorf("qemu: server %s: port %s: %w", m.ID, port.ID, err)
+		}
+		files = append(files, f)
+		m.NICs[i].Netdev = b.tapNetdev(m.NICs[i].ID, 2+len(files))
+	}
+	return files, nil
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// plugTap adds the netdev nid of port's tap to a live QEMU: the tap's
+// file (and /dev/vhost-net's, with vhost, as an unprivileged QEMU
+// cannot open it either) by getfd, then netdev_add, which takes them.
+func (b BridgedNet) plugTap(ctx context.Context, mon *qmp.Monitor, nid string, port driver.Port) error {
+	tap, err := openTap(netstate.TapName(port.ID))
+	if err != nil {
+		return err
+	}
+	defer tap.Close()
+	args := map[string]any{"type": "tap", "id": nid, "fd": nid, "vhost": b.vhost}
+	names := []string{nid}
+	// A name left by an attempt cut short is replaced by getfd.
+	if err := mon.ExecuteWithFile(ctx, "getfd", map[string]string{"fdname": nid}, nil, tap); err != nil {
+		return fmt.Errorf("getfd: %w", err)
+	}
+	if b.vhost {
+		vf, err := os.OpenFile(vhostNet, os.O_RDWR, 0)
+		if err != nil {
+			closeFDs(ctx, mon, names)
+			return fmt.Errorf("qemu: %w", err)
+		}
+		defer vf.Close()
+		vname := nid + "-vhost"
+		if err := mon.ExecuteWithFile(ctx, "getfd", map[string]string{"fdname": vname}, nil, vf); err != nil {
+			closeFDs(ctx, mon, names)
+			return fmt.Errorf("getfd: %w", err)
+		}
+		names = append(names, vname)
+		args["vhostfd"] = vname
+	}
+	if err := mon.Execute(ctx, "netdev_add", args, nil); err != nil {
+		// netdev_add took what it used; drop what it did not.
+		closeFDs(ctx, mon, names)
+		return fmt.Errorf("netdev_add: %w", err)
+	}
+	return nil
+}
+
+// closeFDs drops descriptors named by getfd; names already taken or
+// gone are fine.
+func closeFDs(ctx context.Context, mon *qmp.Monitor, names []string) {
+	ctx = context.WithoutCancel(ctx)
+	for _, n := range names {
+		_ = mon.Execute(ctx, "closefd", map[string]string{"fdname": n}, nil)
+	}
 }
 
 // validPortID is a port id that makes a tap name QEMU's option parser

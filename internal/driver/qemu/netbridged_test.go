@@ -5,15 +5,22 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
 	"nimbus/internal/driver"
+	"nimbus/internal/netstate"
 )
 
 func TestBridgedNetdev(t *testing.T) {
@@ -252,5 +259,67 @@ func TestBridgedTapQEMU(t *testing.T) {
 	}
 	if l, _ := exec.Command("ip", "-n", ns, "-o", "link", "show").Output(); strings.Count(string(l), "tap") != 1 {
 		t.Errorf("QEMU made a tap of its own: %s", l)
+	}
+}
+
+// TestPassTaps makes two persistent taps as the agent's data plane does,
+// in a network namespace of its own (as root only), and has passTaps
+// open them for QEMU: descriptors 3 and 4 in NIC order, attached with
+// the virtio-net header. A tap that is gone fails, without making one.
+func TestPassTaps(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (a network namespace and taps)")
+	}
+	runtime.LockOSThread() // the namespace is this thread's; it dies with it
+	if _, err := netns.New(); err != nil {
+		if os.Getenv("NIMBUS_REQUIRE_NETNS") == "1" {
+			t.Fatalf("cannot make a network namespace: %v", err)
+		}
+		t.Skipf("cannot make a network namespace (NIMBUS_REQUIRE_NETNS=1 makes this a failure): %v", err)
+	}
+	ports := []driver.Port{{ID: "11111111-aaaa-4bbb-8ccc-000000000001"}, {ID: "22222222-aaaa-4bbb-8ccc-000000000002"}}
+	for _, p := range ports {
+		err := netlink.LinkAdd(&netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: netstate.TapName(p.ID)},
+			Mode: netlink.TUNTAP_MODE_TAP, Flags: netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR | netlink.TUNTAP_TUN_EXCL})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := &Driver{cfg: Config{Net: BridgedNet{}}}
+	m := &Machine{ID: "s", NICs: []NIC{{ID: "net0"}, {ID: "net1"}}}
+	files, err := d.passTaps(m, ports)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFiles(files)
+	for i, want := range []string{"tap,id=net0,fd=3,vhost=off", "tap,id=net1,fd=4,vhost=off"} {
+		if m.NICs[i].Netdev != want {
+			t.Errorf("NIC %d: netdev %q, want %q", i, m.NICs[i].Netdev, want)
+		}
+	}
+	if len(files) != 2 {
+		t.Fatalf("%d files, want 2", len(files))
+	}
+	for i, f := range files {
+		ifr, err := unix.NewIfreq("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.IoctlIfreq(int(f.Fd()), unix.TUNGETIFF, ifr); err != nil {
+			t.Fatal(err)
+		}
+		flags := ifr.Uint16()
+		if ifr.Name() != netstate.TapName(ports[i].ID) || flags&unix.IFF_TAP == 0 || flags&unix.IFF_VNET_HDR == 0 || flags&unix.IFF_NO_PI == 0 {
+			t.Errorf("file %d is %s with flags %#x, want %s, a tap with vnet_hdr and no PI", i, ifr.Name(), flags, netstate.TapName(ports[i].ID))
+		}
+	}
+
+	gone := []driver.Port{ports[0], {ID: "33333333-aaaa-4bbb-8ccc-000000000003"}}
+	m = &Machine{ID: "s", NICs: []NIC{{ID: "net0"}, {ID: "net1"}}}
+	if files, err := d.passTaps(m, gone); err == nil || files != nil {
+		t.Fatalf("passTaps with a tap gone: %v, %v", files, err)
+	}
+	if _, err := net.InterfaceByName(netstate.TapName(gone[1].ID)); err == nil {
+		t.Error("passTaps made the missing tap")
 	}
 }

@@ -222,6 +222,11 @@ func (d *Driver) launch(ctx context.Context, v *vm, incoming string) (*proc, err
 	if err != nil {
 		return nil, err
 	}
+	taps, err := d.passTaps(m, st.Spec.Ports)
+	if err != nil {
+		return nil, err
+	}
+	defer closeFiles(taps) // QEMU has its own copies once started
 	args := Command(m)
 	logPath := filepath.Join(v.dir, logFile)
 	if fi, err := os.Stat(logPath); err == nil && fi.Size() > 1<<20 {
@@ -241,6 +246,7 @@ func (d *Driver) launch(ctx context.Context, v *vm, incoming string) (*proc, err
 	cmd.Dir = v.dir
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.ExtraFiles = taps
 	err = cmd.Start()
 	lf.Close()
 	if err != nil {

@@ -37,7 +37,8 @@ const (
 )
 
 // state is a server's record on its host (DIR/state.json). It holds no
-// secret: the spec's user data and admin password only go into the seed.
+// secret: the spec's user data and admin password only go into the seed,
+// volume keys into files of their own.
 type state struct {
 	Spec driver.Spec `json:"spec"`
 	// Power is the desired power state (wantRunning, …).
@@ -86,6 +87,12 @@ func readState(dir string) (state, error) {
 
 func writeState(dir string, st state) error {
 	st.Spec.UserData, st.Spec.AdminPass = nil, ""
+	// Volume keys go into their own files (volumes.go).
+	vols, err := stashVolumeKeys(dir, st.Spec.Volumes)
+	if err != nil {
+		return err
+	}
+	st.Spec.Volumes = vols
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return fmt.Errorf("qemu: state: %w", err)

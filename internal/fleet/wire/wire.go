@@ -52,6 +52,11 @@ const (
 	// KindAttachPort and KindDetachPort hot-plug a NIC (PortArgs).
 	KindAttachPort = "attach_port"
 	KindDetachPort = "detach_port"
+	// KindAttachVolume, KindDetachVolume and KindExtendVolume hot-plug
+	// and grow a volume's disk (VolumeArgs).
+	KindAttachVolume = "attach_volume"
+	KindDetachVolume = "detach_volume"
+	KindExtendVolume = "extend_volume"
 )
 
 // Error codes, in error bodies and in op results.
@@ -228,6 +233,14 @@ type SnapshotArgs struct {
 type PortArgs struct {
 	Port   driver.Port `json:"port,omitzero"`
 	PortID string      `json:"port_id,omitempty"`
+}
+
+// VolumeArgs are a volume op's arguments: the volume to attach, or the
+// id of one to detach or extend (to SizeBytes).
+type VolumeArgs struct {
+	Volume    driver.Volume `json:"volume,omitzero"`
+	VolumeID  string        `json:"volume_id,omitempty"`
+	SizeBytes int64         `json:"size_bytes,omitempty"`
 }
 
 // VNCResult is a console endpoint query's result.
