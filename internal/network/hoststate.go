@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -162,6 +163,33 @@ func providerAttrs(c *api.Caller, b body, n *netRow) error {
 	}
 	v := int64(*id)
 	n.SegmentationID = &v
+	return nil
+}
+
+// providerUpdate checks the provider attributes of a network update:
+// only an admin names them (neutron's update_network:provider:*
+// policies, 403 before anything else), and a segment is never moved
+// under its ports, so only the values the network has are accepted.
+func providerUpdate(c *api.Caller, b body, n *netRow) error {
+	for _, k := range providerKeys {
+		if b.has(k) && !c.IsAdmin() {
+			return policyDenied("update_network:" + k)
+		}
+	}
+	cur := n.provider()
+	for _, k := range providerKeys {
+		if !b.has(k) {
+			continue
+		}
+		var v any
+		_ = json.Unmarshal(b[k], &v)
+		if f, ok := v.(float64); ok && n.SegmentationID != nil && f == float64(*n.SegmentationID) {
+			v = *n.SegmentationID
+		}
+		if v != cur[k] {
+			return badInput("Plugin does not support updating provider attributes")
+		}
+	}
 	return nil
 }
 

@@ -59,13 +59,36 @@ func TestProviderAttributes(t *testing.T) {
 			{"no physical network", e.adminTok, `{"network":{"name":"y","provider:physical_network":"public"}}`, 400},
 			{"in range", e.adminTok, `{"network":{"name":"y","provider:segmentation_id":16777216}}`, 400},
 		}
+		made := ""
 		for _, c := range creates {
 			t.Run(c.name, func(t *testing.T) {
 				m := e.must(t, c.status, "POST", "/v2.0/networks", c.tok, c.body)
-				if c.status == 201 && m["provider:segmentation_id"] != float64(424242) {
-					t.Errorf("created %v", m)
+				if c.status == 201 {
+					made, _ = m["id"].(string)
+					if m["provider:segmentation_id"] != float64(424242) {
+						t.Errorf("created %v", m)
+					}
 				}
 			})
+		}
+		own := e.must(t, 201, "POST", "/v2.0/networks", e.demoTok, `{"network":{"name":"own"}}`)["id"].(string)
+		updates := []struct {
+			name, tok, id, body string
+			status              int
+		}{
+			{"a member may not name one", e.demoTok, own, `{"network":{"provider:network_type":"vxlan"}}`, 403},
+			{"a member may not name one, even unchanged", e.demoTok, own, `{"network":{"provider:physical_network":null}}`, 403},
+			{"an admin may restate them", e.adminTok, made, `{"network":{"provider:network_type":"vxlan","provider:segmentation_id":424242,"provider:physical_network":null}}`, 200},
+			{"but not move the segment", e.adminTok, made, `{"network":{"provider:segmentation_id":424243}}`, 400},
+			{"nor change its type", e.adminTok, made, `{"network":{"provider:network_type":"flat"}}`, 400},
+		}
+		for _, c := range updates {
+			t.Run(c.name, func(t *testing.T) {
+				e.must(t, c.status, "PUT", "/v2.0/networks/"+c.id, c.tok, c.body)
+			})
+		}
+		if m := e.must(t, 200, "GET", "/v2.0/networks/"+made, e.adminTok, ""); m["provider:segmentation_id"] != float64(424242) {
+			t.Errorf("after the updates %v", m)
 		}
 		t.Run("listed as an extension", func(t *testing.T) {
 			e.must(t, 200, "GET", "/v2.0/extensions/provider", e.demoTok, "")

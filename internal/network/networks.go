@@ -205,8 +205,8 @@ func (s *Service) prepareNetwork(r *http.Request, c *api.Caller, b body) (*prepa
 
 func (s *Service) updateNetwork(r *http.Request) (*api.Response, error) {
 	c := caller(r)
-	b, err := decodeBody(r, "network", "name", "admin_state_up", "shared", "router:external", "description", "mtu",
-		"port_security_enabled", "is_default")
+	b, err := decodeBody(r, "network", append([]string{"name", "admin_state_up", "shared", "router:external", "description", "mtu",
+		"port_security_enabled", "is_default"}, providerKeys...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -218,6 +218,9 @@ func (s *Service) updateNetwork(r *http.Request) (*api.Response, error) {
 		}
 		if !c.IsAdmin() && n.ProjectID != c.ProjectID {
 			return policyDenied("update_network")
+		}
+		if err := providerUpdate(c, b, n); err != nil { // hoststate.go
+			return err
 		}
 		if err := netAttrs(c, b, n, "update"); err != nil {
 			return err

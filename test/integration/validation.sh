@@ -267,7 +267,9 @@ suspend = false
 pause = true
 shelve = false
 snapshot = true
-interface_attach = false
+# NICs hot-plug over QMP on a bridged cloud (os-interface): test_hotplug_nic and
+# test_port_security_macspoofing_port run.
+interface_attach = true
 metadata_service = true
 config_drive = false
 personality = false

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"nimbus/internal/driver"
@@ -209,11 +210,15 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if d.runAs != nil {
 		// QEMU, once it is RunAs, reaches into its server directory (the
-		// suspend stream's socket and file): let it pass through, not list.
+		// suspend stream's socket and file, a hot-plugged volume's TLS
+		// key): let it pass through, not list.
 		for _, dir := range []string{dataDir, d.instances} {
 			if err := os.Chmod(dir, 0o711); err != nil {
 				return nil, fmt.Errorf("qemu: %w", err)
 			}
+		}
+		if err := d.letPass(dataDir); err != nil {
+			return nil, err
 		}
 	}
 	d.log.Info("qemu: driver ready", "accel", d.accel, "why", d.accelReason, "qemu_version", d.version, "data_dir", dataDir)
@@ -792,6 +797,44 @@ func findOVMF() (code, vars string) {
 		}
 	}
 	return "", ""
+}
+
+// letPass makes sure the RunAs user may pass through every directory
+// above dir, as QEMU must after it dropped its privileges. A directory of
+// ours (owned by this process's user, an agent's data directory made
+// 0700, say) gets search permission for others, never read; one of
+// another owner that bars the way is an error that names it.
+func (d *Driver) letPass(dir string) error {
+	uid, _ := strconv.Atoi(d.runAs.Uid)
+	gid, _ := strconv.Atoi(d.runAs.Gid)
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("qemu: %w", err)
+	}
+	for p := filepath.Dir(abs); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("qemu: %w", err)
+		}
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		mode := fi.Mode().Perm()
+		passes := mode&0o001 != 0 || (st != nil && int(st.Gid) == gid && mode&0o010 != 0) ||
+			(st != nil && int(st.Uid) == uid && mode&0o100 != 0)
+		switch {
+		case passes:
+		case st != nil && int(st.Uid) == os.Geteuid():
+			if err := os.Chmod(p, mode|0o001); err != nil {
+				return fmt.Errorf("qemu: letting QEMU's user %s pass through %s: %w", d.runAs.Username, p, err)
+			}
+			d.log.Info("qemu: QEMU's user may now pass through (not list) a directory above its data", "dir", p, "user", d.runAs.Username)
+		default:
+			return fmt.Errorf("qemu: QEMU's user %s cannot pass through %s (mode %o), above the data directory: give it search permission (chmod o+x)",
+				d.runAs.Username, p, mode)
+		}
+		if p == filepath.Dir(p) {
+			return nil
+		}
+	}
 }
 
 // chownForQEMU gives the RunAs user the server directory and the files

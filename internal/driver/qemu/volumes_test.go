@@ -188,9 +188,10 @@ func TestVolumeKeysStashed(t *testing.T) {
 }
 
 // TestCommandVolumes: each volume on its own pcie-root-port ("hpv<i>",
-// after the NICs' "hpn<i>" and before the spare "hp<i>" ones), with the JSON hot-plug uses; Validate
-// refuses a volume twice. With QEMU, QEMU accepts the command line (file
-// volumes; an nbd or rbd one would connect at start).
+// after the NICs' "hpn<i>" and before the spare "hp<i>" ones), with the
+// JSON hot-plug uses; Validate refuses a volume twice. With QEMU, QEMU
+// accepts the command line (file volumes; an nbd or rbd one would
+// connect at start).
 func TestCommandVolumes(t *testing.T) {
 	m := baseMachine("/srv")
 	vols := []driver.Volume{
