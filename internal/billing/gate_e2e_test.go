@@ -51,6 +51,15 @@ func TestGateBelowCreditLimit(t *testing.T) {
 		private := networkID(t, c, hc, demo, "private")
 		public := networkID(t, c, hc, demo, "public")
 		port := idOf(t, call("POST", c.NetworkURL+"/v2.0/ports", `{"port": {"network_id": "`+private+`"}}`, 201), "port")
+		// A floating IP needs a router from the port's subnet to public,
+		// as in Neutron.
+		var subs struct{ Subnets []struct{ ID string } }
+		if json.Unmarshal([]byte(call("GET", c.NetworkURL+"/v2.0/subnets?network_id="+private, "", 200)), &subs); len(subs.Subnets) != 1 {
+			t.Fatalf("private subnets: %+v", subs)
+		}
+		router := idOf(t, call("POST", c.NetworkURL+"/v2.0/routers",
+			`{"router": {"name": "gate", "external_gateway_info": {"network_id": "`+public+`"}}}`, 201), "router")
+		call("PUT", c.NetworkURL+"/v2.0/routers/"+router+"/add_router_interface", `{"subnet_id": "`+subs.Subnets[0].ID+`"}`, 200)
 		fipBody := func(portID string) string {
 			if portID == "" {
 				return `{"floatingip": {"floating_network_id": "` + public + `"}}`

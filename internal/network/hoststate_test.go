@@ -324,6 +324,47 @@ func TestHostState(t *testing.T) {
 	})
 }
 
+// TestHostStateShelved: a shelved-offloaded server's ports leave its
+// host's state (its taps go) and its peers' forwarding entries, and come
+// back with the server wherever it is unshelved.
+func TestHostStateShelved(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		f := newDPFixture(t, dbURL)
+		ctx := context.Background()
+		set := func(state, host string) {
+			t.Helper()
+			if _, err := f.db.Exec(ctx, "UPDATE compute_servers SET vm_state = ?, host = ? WHERE id = ?", state, host, f.a2.DeviceID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		has := func(st *netstate.Host) bool { return slices.Contains(portIDs(st), f.a2.ID) }
+		peerMAC := func(st *netstate.Host) bool {
+			for _, macs := range peersOf(netOf(st, f.netA)) {
+				if slices.Contains(macs, f.a2.MACAddress) {
+					return true
+				}
+			}
+			return false
+		}
+		if !has(f.state(t, "h2")) || !peerMAC(f.state(t, "h1")) {
+			t.Fatal("the server's port is not wired on h2 before shelving")
+		}
+		// Shelved but still on its host (not offloaded): wired as before.
+		set("shelved", "h2")
+		if !has(f.state(t, "h2")) {
+			t.Error("a shelved server still on h2 lost its port")
+		}
+		set("shelved_offloaded", "h2")
+		if h2, h1 := f.state(t, "h2"), f.state(t, "h1"); has(h2) || peerMAC(h1) {
+			t.Errorf("offloaded: port on h2 %v, h1 still forwards to its MAC %v", has(h2), peerMAC(h1))
+		}
+		set("active", "h1")
+		if h1, h2 := f.state(t, "h1"), f.state(t, "h2"); !has(h1) || has(h2) {
+			t.Errorf("unshelved on h1: port on h1 %v, on h2 %v", has(h1), has(h2))
+		}
+	})
+}
+
 // TestHostStateDHCPOnce builds many hosts' states at once on a network
 // that has no DHCP port yet: exactly one is made.
 func TestHostStateDHCPOnce(t *testing.T) {

@@ -31,6 +31,8 @@ func (s *Service) action(r *http.Request) (*api.Response, error) {
 			return s.updateReadonly(r, raw) // retype.go
 		case "os-retype":
 			return s.retype(r, raw)
+		case "os-volume_upload_image":
+			return s.uploadImage(r, raw) // upload.go
 		// Attach and detach (attachments.go).
 		case "os-reserve":
 			return s.reserveVolume(r)

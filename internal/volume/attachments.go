@@ -415,31 +415,10 @@ func (s *Service) deleteAttachment(r *http.Request) (*api.Response, error) {
 
 // ---- Legacy actions (POST /volumes/{id}/action) ----
 
-// reserveVolume is os-reserve: an available volume becomes attaching,
-// with no attachment yet (cinder/volume/api.py reserve_volume). 202.
-func (s *Service) reserveVolume(r *http.Request) (*api.Response, error) {
-	ctx := r.Context()
-	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		v, err := ownedVol(ctx, tx, caller(r), r.PathValue("id"))
-		if err != nil {
-			return err
-		}
-		if ok, err := s.setStatus(ctx, tx, v, StatusAttaching, "", StatusAvailable); err != nil {
-			return err
-		} else if !ok {
-			return invalidVolume("Volume status must be available to reserve, but the status is %s.", v.Status)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return api.Empty(http.StatusAccepted), nil
-}
-
-// unreserveVolume is os-unreserve: an os-reserve undone; a volume not
-// reserved so, or one an attachment holds, is left as it is. 202.
-func (s *Service) unreserveVolume(r *http.Request) (*api.Response, error) {
+// legacyAction runs f in one transaction on the path's volume, which the
+// caller must own, with its attachments: the shape of the legacy actions
+// that only move states. 202.
+func (s *Service) legacyAction(r *http.Request, f func(ctx context.Context, tx *store.Tx, v *volRow, atts []*attRow) error) (*api.Response, error) {
 	ctx := r.Context()
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
 		v, err := ownedVol(ctx, tx, caller(r), r.PathValue("id"))
@@ -447,16 +426,40 @@ func (s *Service) unreserveVolume(r *http.Request) (*api.Response, error) {
 			return err
 		}
 		atts, err := attachmentsOf(ctx, tx, v.ID)
-		if err != nil || len(atts) > 0 {
+		if err != nil {
 			return err
 		}
-		_, err = s.setStatus(ctx, tx, v, StatusAvailable, "", StatusAttaching)
-		return err
+		return f(ctx, tx, v, atts)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return api.Empty(http.StatusAccepted), nil
+}
+
+// reserveVolume is os-reserve: an available volume becomes attaching,
+// with no attachment yet (cinder/volume/api.py reserve_volume). 202.
+func (s *Service) reserveVolume(r *http.Request) (*api.Response, error) {
+	return s.legacyAction(r, func(ctx context.Context, tx *store.Tx, v *volRow, _ []*attRow) error {
+		if ok, err := s.setStatus(ctx, tx, v, StatusAttaching, "", StatusAvailable); err != nil {
+			return err
+		} else if !ok {
+			return invalidVolume("Volume status must be available to reserve, but the status is %s.", v.Status)
+		}
+		return nil
+	})
+}
+
+// unreserveVolume is os-unreserve: an os-reserve undone; a volume not
+// reserved so, or one an attachment holds, is left as it is. 202.
+func (s *Service) unreserveVolume(r *http.Request) (*api.Response, error) {
+	return s.legacyAction(r, func(ctx context.Context, tx *store.Tx, v *volRow, atts []*attRow) error {
+		if len(atts) > 0 {
+			return nil
+		}
+		_, err := s.setStatus(ctx, tx, v, StatusAvailable, "", StatusAttaching)
+		return err
+	})
 }
 
 // legacyAtt is the volume's one attachment the legacy actions act on:
@@ -489,16 +492,7 @@ func legacyAtt(atts []*attRow, id string) (*attRow, error) {
 // beginDetaching is os-begin_detaching: an in-use volume (and its
 // attachment) becomes detaching. 202.
 func (s *Service) beginDetaching(r *http.Request) (*api.Response, error) {
-	ctx := r.Context()
-	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		v, err := ownedVol(ctx, tx, caller(r), r.PathValue("id"))
-		if err != nil {
-			return err
-		}
-		atts, err := attachmentsOf(ctx, tx, v.ID)
-		if err != nil {
-			return err
-		}
+	return s.legacyAction(r, func(ctx context.Context, tx *store.Tx, _ *volRow, atts []*attRow) error {
 		a, err := legacyAtt(atts, "")
 		if err != nil {
 			return err
@@ -508,35 +502,18 @@ func (s *Service) beginDetaching(r *http.Request) (*api.Response, error) {
 		}
 		return s.beginDetach(ctx, tx, a)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return api.Empty(http.StatusAccepted), nil
 }
 
 // rollDetaching is os-roll_detaching: a detaching volume back to in-use;
 // nothing for one not detaching. 202.
 func (s *Service) rollDetaching(r *http.Request) (*api.Response, error) {
-	ctx := r.Context()
-	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		v, err := ownedVol(ctx, tx, caller(r), r.PathValue("id"))
-		if err != nil {
-			return err
-		}
-		atts, err := attachmentsOf(ctx, tx, v.ID)
-		if err != nil {
-			return err
-		}
+	return s.legacyAction(r, func(ctx context.Context, tx *store.Tx, _ *volRow, atts []*attRow) error {
 		a, err := legacyAtt(atts, "")
 		if err != nil || a == nil {
 			return err
 		}
 		return s.rollDetach(ctx, tx, a)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return api.Empty(http.StatusAccepted), nil
 }
 
 // attachVolume is os-attach {"instance_uuid" or "host_name",

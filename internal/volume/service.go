@@ -13,6 +13,7 @@ package volume
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -31,6 +32,11 @@ import (
 type Images interface {
 	Get(ctx context.Context, projectID string, admin bool, id string) (*image.Image, error)
 	DataPath(id string) string
+	// CreateSnapshot, FinishSnapshot and Delete make, fill and remove the
+	// image a volume is uploaded to (upload.go).
+	CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *image.Image, licence string) (*image.Image, error)
+	FinishSnapshot(ctx context.Context, id, diskFormat string, data io.Reader) error
+	Delete(ctx context.Context, id string) error
 }
 
 // Config is what the volume service is made of.

@@ -20,10 +20,10 @@ import (
 func (s *Service) dataPath(id string) string { return filepath.Join(s.dataDir, id) }
 
 // Run resumes the data work a stopped controller left (volumes still
-// creating, extending or deleting), then waits for ctx; when ctx ends it
-// stops the work under way, which resumes at the next start.
+// creating, extending, deleting or uploading), then waits for ctx; when
+// ctx ends it stops the work under way, which resumes at the next start.
 func (s *Service) Run(ctx context.Context) {
-	vols, err := loadVols(ctx, s.db, "v.status IN (?, ?, ?)", StatusCreating, StatusExtending, StatusDeleting)
+	vols, err := loadVols(ctx, s.db, "v.status IN (?, ?, ?, ?)", StatusCreating, StatusExtending, StatusDeleting, StatusUploading)
 	if err != nil && ctx.Err() == nil {
 		s.log.Warn("volume: resuming work failed", "error", err)
 	}
@@ -90,6 +90,8 @@ func (s *Service) process(ctx context.Context, id string) error {
 		return s.finish(ctx, v, werr, StatusCreating, func() { v.Status = StatusAvailable })
 	case StatusExtending:
 		return s.finishExtend(ctx, v, s.grow(v.ID, v.NewSize)) // attach.go: in-use volumes stay in-use
+	case StatusUploading:
+		return s.finishUpload(ctx, v) // upload.go
 	case StatusDeleting:
 		err := s.removeSnapshotsOf(ctx, v.ID) // a cascade's
 		if err == nil {

@@ -330,10 +330,8 @@ func (d *Driver) AttachVolume(ctx context.Context, id string, vol driver.Volume)
 		mon = p.mon
 	}
 	n := namesOf(vol.ID, throttled(vol.Throttle))
-	v.mu.Lock()
-	k := slices.IndexFunc(v.st.Spec.Volumes, func(r driver.Volume) bool { return r.ID == vol.ID })
-	same := k >= 0 && sameConn(v.dir, v.st.Spec.Volumes[k], vol)
-	v.mu.Unlock()
+	rec, had := v.volume(vol.ID)
+	same := had && sameConn(v.dir, rec, vol)
 	if mon != nil {
 		plugged, err := hasDevice(ctx, mon, n.dev)
 		if err != nil {
@@ -377,14 +375,8 @@ func (d *Driver) DetachVolume(ctx context.Context, id, volumeID string) error {
 		return err
 	}
 	defer d.release(v)
-	v.mu.Lock()
-	k := slices.IndexFunc(v.st.Spec.Volumes, func(r driver.Volume) bool { return r.ID == volumeID })
-	var vol driver.Volume
-	if k >= 0 {
-		vol = v.st.Spec.Volumes[k]
-	}
-	v.mu.Unlock()
-	if k < 0 {
+	vol, ok := v.volume(volumeID)
+	if !ok {
 		return nil
 	}
 	if v.want() == wantSuspended {
@@ -416,14 +408,8 @@ func (d *Driver) ExtendVolume(ctx context.Context, id, volumeID string, sizeByte
 		return err
 	}
 	defer d.release(v)
-	v.mu.Lock()
-	k := slices.IndexFunc(v.st.Spec.Volumes, func(r driver.Volume) bool { return r.ID == volumeID })
-	var vol driver.Volume
-	if k >= 0 {
-		vol = v.st.Spec.Volumes[k]
-	}
-	v.mu.Unlock()
-	if k < 0 {
+	vol, ok := v.volume(volumeID)
+	if !ok {
 		return fmt.Errorf("qemu: server %s: extend volume %s: %w", id, volumeID, driver.ErrNotFound)
 	}
 	p := v.current()
@@ -441,6 +427,17 @@ func (d *Driver) ExtendVolume(ctx context.Context, id, volumeID string, sizeByte
 	}
 	d.log.Info("qemu: volume extended", "server", id, "volume", volumeID, "bytes", sizeBytes)
 	return nil
+}
+
+// volume is volume id as v's record has it.
+func (v *vm) volume(id string) (driver.Volume, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	k := slices.IndexFunc(v.st.Spec.Volumes, func(r driver.Volume) bool { return r.ID == id })
+	if k < 0 {
+		return driver.Volume{}, false
+	}
+	return v.st.Spec.Volumes[k], true
 }
 
 // recordVolume puts vol into v's record, in place of the one with its id.
