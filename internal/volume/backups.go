@@ -653,7 +653,7 @@ func (s *Service) listBackups(detail bool) api.HandlerFunc {
 			}
 			p.AfterMarker(vals)
 		}
-		p.Limit = offset + limit + 1
+		p.Limit = offset + limit
 		rows, err := s.db.Query(ctx, "SELECT "+bkColumns+" FROM volume_backups b "+p.SQL(), p.Args...)
 		if err != nil {
 			return nil, err
@@ -681,7 +681,7 @@ func (s *Service) listBackups(detail bool) api.HandlerFunc {
 			}
 		}
 		out["backups"] = items
-		if len(page) > 0 && len(got) > len(page) {
+		if fullPage(len(page), limit) {
 			out["backups_links"] = nextBackupsLink(r, q, detail, limit, page[len(page)-1].ID)
 		}
 		return api.JSON(200, out), nil

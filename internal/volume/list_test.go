@@ -37,6 +37,11 @@ func TestVolumeListPages(t *testing.T) {
 							t.Errorf("no count")
 						}
 						links, _ := m["volumes_links"].([]any)
+						// Cinder links a page to the next one exactly when
+						// it is full, even when nothing follows.
+						if full := len(volumeIDs(m)) == 2; full != (len(links) > 0) {
+							t.Errorf("a page of %d volumes (limit 2) with links %v", len(volumeIDs(m)), links)
+						}
 						if len(links) == 0 {
 							break
 						}

@@ -341,3 +341,9 @@ func parseMetadata(key string, raw json.RawMessage) (map[string]string, error) {
 
 // gib is bytes in started GiB, with no overflow however near MaxInt64.
 func gib(bytes int64) int64 { return bytes>>30 + min(bytes&(1<<30-1), 1) }
+
+// fullPage is whether a list page of n items for limit gets a next link:
+// Cinder gives one whenever the page is full, even when nothing follows
+// (cinder/api/common.py ViewBuilder._get_collection_links), and clients
+// page until a page has none.
+func fullPage(n, limit int) bool { return n > 0 && n >= limit }

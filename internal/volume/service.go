@@ -276,7 +276,31 @@ func availabilityZones(r *http.Request) (*api.Response, error) {
 }
 
 func extensions(r *http.Request) (*api.Response, error) {
-	return api.JSON(200, map[string]any{"extensions": []any{}}), nil
+	out := make([]any, 0, len(servedExtensions))
+	for _, e := range servedExtensions {
+		out = append(out, map[string]any{"alias": e[0], "name": e[1], "description": e[2], "links": []any{},
+			"updated": "2013-10-03T00:00:00+00:00"})
+	}
+	return api.JSON(200, map[string]any{"extensions": out}), nil
+}
+
+// servedExtensions are the Cinder API extensions this service serves
+// (alias, name, description, as cinder/api/contrib names them).
+var servedExtensions = [][3]string{
+	{"os-admin-actions", "AdminActions", "Enable admin actions."},
+	{"os-availability-zone", "AvailabilityZones", "Describe Availability Zones."},
+	{"backups", "Backups", "Backups support."},
+	{"os-extended-snapshot-attributes", "ExtendedSnapshotAttributes", "Extended SnapshotAttributes support."},
+	{"os-quota-sets", "Quotas", "Quota management support."},
+	{"qos-specs", "Qos_specs_manage", "QoS specs support."},
+	{"os-snapshot-actions", "SnapshotActions", "Enable snapshot manager actions."},
+	{"os-types-extra-specs", "TypesExtraSpecs", "Type extra specs support."},
+	{"os-types-manage", "TypesManage", "Types manage support."},
+	{"os-volume-actions", "VolumeActions", "Enable volume actions."},
+	{"os-vol-host-attr", "VolumeHostAttribute", "Expose host as an attribute of a volume."},
+	{"os-vol-image-meta", "VolumeImageMetadata", "Show image metadata associated with the volume."},
+	{"os-vol-mig-status-attr", "VolumeMigStatusAttribute", "Expose migration_status as an attribute of a volume."},
+	{"os-vol-tenant-attr", "VolumeTenantAttribute", "Expose the internal project_id as an attribute of a volume."},
 }
 
 // ---- Microversions and the project id in the URL ----

@@ -248,6 +248,10 @@ func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	if raw, ok := b["volume_id"]; ok && isNull(raw) {
+		// Cinder's schema allows a null volume_id, which no volume has.
+		return nil, errVolumeNotFound("None")
+	}
 	if volID == nil {
 		return nil, api.BadRequest("Invalid input for field/attribute snapshot. 'volume_id' is a required property")
 	}
@@ -616,9 +620,9 @@ func (s *Service) listSnapshots(detail bool) api.HandlerFunc {
 		}
 		vq.page.Limit = -1
 		if vq.meta == nil {
-			vq.page.Limit = offset + limit + 1
+			vq.page.Limit = offset + limit
 		}
-		snaps, err := s.scanSnaps(ctx, vq, offset, limit+1)
+		snaps, err := s.scanSnaps(ctx, vq, offset, limit)
 		if err != nil {
 			return nil, err
 		}
@@ -632,7 +636,7 @@ func (s *Service) listSnapshots(detail bool) api.HandlerFunc {
 			items = append(items, snapView(r, sn, level))
 		}
 		out["snapshots"] = items
-		if len(page) > 0 && len(snaps) > len(page) {
+		if fullPage(len(page), limit) {
 			out["snapshots_links"] = nextSnapshotsLink(r, q, detail, limit, page[len(page)-1].ID)
 		}
 		return api.JSON(200, out), nil

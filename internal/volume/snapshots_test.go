@@ -327,6 +327,7 @@ func (e *env) testSnapErrors(t *testing.T) {
 			"Volume " + unknown + " could not be found."},
 		{"no volume_id", "POST", "/v3/snapshots", `{"snapshot":{"name":"x"}}`, 400,
 			"Invalid input for field/attribute snapshot. 'volume_id' is a required property"},
+		{"a null volume_id", "POST", "/v3/snapshots", `{"snapshot":{"volume_id":null}}`, 404, "Volume None could not be found."},
 		{"no body", "POST", "/v3/snapshots", `{}`, 400, "Missing required element 'snapshot' in request body."},
 		{"bad force", "POST", "/v3/snapshots", `{"snapshot":{"volume_id":"` + vol + `","force":"maybe"}}`, 400, ""},
 		{"unknown field", "POST", "/v3/snapshots", `{"snapshot":{"volume_id":"` + vol + `","bogus":1}}`, 400, ""},

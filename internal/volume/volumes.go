@@ -32,6 +32,21 @@ func links(r *http.Request, coll, id string) []map[string]string {
 	}
 }
 
+// extensionAttrs are the attributes Cinder's API extensions add to show
+// and list (os-vol-image-meta, the os-vol-* attributes); its create and
+// update answer without them.
+var extensionAttrs = []string{"volume_image_metadata", "os-vol-tenant-attr:tenant_id", "os-vol-host-attr:host",
+	"os-vol-mig-status-attr:migstat", "os-vol-mig-status-attr:name_id"}
+
+// writeView is the view create and update answer with.
+func writeView(r *http.Request, v *volRow) map[string]any {
+	out := view(r, v)
+	for _, k := range extensionAttrs {
+		delete(out, k)
+	}
+	return out
+}
+
 // view is a volume's detail view at the request's microversion
 // (cinder/api/v2/views/volumes.py detail, v3/views/volumes.py, and the
 // os-vol-* extension attributes).
@@ -255,7 +270,7 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusAccepted, map[string]any{"volume": view(r, v)}), nil
+	return api.JSON(http.StatusAccepted, map[string]any{"volume": writeView(r, v)}), nil
 }
 
 // volumeImage checks that an image can become a volume: visible, active,
@@ -361,7 +376,7 @@ func (s *Service) updateVolume(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(200, map[string]any{"volume": view(r, v)}), nil
+	return api.JSON(200, map[string]any{"volume": writeView(r, v)}), nil
 }
 
 // deleteVolume is DELETE /volumes/{id}: 202, the volume goes to deleting
@@ -676,7 +691,7 @@ func (s *Service) scanVols(ctx context.Context, vq *volumeQuery, skip, n int) ([
 }
 
 // listVolumes is GET /volumes and /volumes/detail with Cinder's paging
-// (limit, marker, offset, sort) and volumes_links when more follow. The
+// (limit, marker, offset, sort) and volumes_links when the page is full (fullPage). The
 // page is read in SQL after the marker's sort values; only the metadata
 // filter is applied to the rows read.
 func (s *Service) listVolumes(detail bool) api.HandlerFunc {
@@ -709,12 +724,11 @@ func (s *Service) listVolumes(detail bool) api.HandlerFunc {
 		if err := s.afterMarker(r.Context(), vq, q.Get("marker")); err != nil {
 			return nil, err
 		}
-		// One more than the page tells whether another follows.
 		vq.page.Limit = -1
 		if vq.meta == nil {
-			vq.page.Limit = offset + limit + 1
+			vq.page.Limit = offset + limit
 		}
-		vols, err := s.scanVols(r.Context(), vq, offset, limit+1)
+		vols, err := s.scanVols(r.Context(), vq, offset, limit)
 		if err != nil {
 			return nil, err
 		}
@@ -725,7 +739,7 @@ func (s *Service) listVolumes(detail bool) api.HandlerFunc {
 			}
 		}
 		out["volumes"] = volumeViews(r, page, detail)
-		if len(page) > 0 && len(vols) > len(page) {
+		if fullPage(len(page), limit) {
 			out["volumes_links"] = nextVolumesLink(r, q, detail, limit, page[len(page)-1].ID)
 		}
 		return api.JSON(200, out), nil

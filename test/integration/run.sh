@@ -22,6 +22,8 @@ cd "$ROOT"
 
 RUN_CLI=${NIMBUS_IT_CLI:-1}
 RUN_TEMPEST=${NIMBUS_IT_TEMPEST:-1}
+# Tempest's service_available.cinder (block storage tests; false skips them).
+CINDER=${NIMBUS_IT_CINDER:-true}
 TEMPEST_LIST="$HERE/tempest-tests.txt"
 TEMPEST_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/nimbus/tempest"
 # Per-state timeout (seconds) when waiting for a server to reach a status.
@@ -572,7 +574,7 @@ fi
 # ------------------------------------------------------------- Tempest ---
 
 tempest_conf() {
-	local conf=$1 admin_pw network_id compute_max compute_min extensions
+	local conf=$1 admin_pw network_id compute_max compute_min extensions volume_max volume_extensions
 	admin_pw=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["admin_password"])' "$WORK/data/secrets.json")
 	compute_min=$(curl -fsk "https://127.0.0.1:$CO_PORT/v2.1/" | py 'd["version"]["min_version"]')
 	compute_max=$(curl -fsk "https://127.0.0.1:$CO_PORT/v2.1/" | py 'd["version"]["version"]')
@@ -588,6 +590,11 @@ tempest_conf() {
 	# The extensions nimbus's network API lists, so that Tempest gates its
 	# tests on what is really served.
 	extensions=$(admin extension list --network -f value -c Alias 2>/dev/null | paste -sd, -) || extensions=""
+	# Block storage: the max microversion and the extensions nimbus's
+	# volume API serves, as for the network's.
+	volume_max=$(curl -fsk "https://127.0.0.1:$VO_PORT/v3/" | py 'd["versions"][0]["version"]') || volume_max=3.0
+	volume_extensions=$(curl -fsk -H "X-Auth-Token: $(admin token issue -f value -c id)" "https://127.0.0.1:$VO_PORT/v3/extensions" |
+		py '",".join(e["alias"] for e in d["extensions"])') || volume_extensions=""
 	cat >"$conf" <<EOF
 # Written by test/integration/run.sh for a nimbus on these ports; rewritten every run.
 [DEFAULT]
@@ -632,7 +639,7 @@ external_idp = false
 nova = true
 glance = true
 neutron = true
-cinder = false
+cinder = $CINDER
 swift = false
 heat = false
 horizon = false
@@ -729,8 +736,33 @@ api_extensions = ${extensions:-all}
 [validation]
 run_validation = false
 
+[volume]
+region = RegionOne
+endpoint_type = publicURL
+catalog_type = volumev3
+min_microversion = 3.0
+max_microversion = $volume_max
+build_timeout = 120
+build_interval = 1
+volume_size = 1
+disk_format = raw
+storage_protocol = nbd
+vendor_name = Nimbus
+
 [volume-feature-enabled]
-api_v3 = false
+api_v3 = true
+api_v2 = false
+multi_backend = false
+backup = true
+snapshot = true
+clone = true
+manage_snapshot = false
+manage_volume = false
+extend_attached_volume = true
+extend_attached_encrypted_volume = false
+consistency_group = false
+volume_revert = false
+api_extensions = ${volume_extensions:-all}
 EOF
 }
 
