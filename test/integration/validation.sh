@@ -236,7 +236,7 @@ project_tags = false
 nova = true
 glance = true
 neutron = true
-cinder = false
+cinder = true
 swift = false
 heat = false
 horizon = false
@@ -323,8 +323,23 @@ img_file = $GUEST/guest.qcow2
 img_disk_format = qcow2
 img_container_format = bare
 
+# Block storage: the compute volume tests attach volumes to the test guest and count
+# its disks over SSH (the guest's lsblk shim); on the controller's own host the guest's
+# QEMU opens the volume's file, on the other hosts it reaches it over NBD.
+[volume]
+region = RegionOne
+endpoint_type = publicURL
+catalog_type = volumev3
+build_timeout = 120
+build_interval = 1
+volume_size = 1
+
 [volume-feature-enabled]
-api_v3 = false
+api_v3 = true
+api_v2 = false
+backup = true
+snapshot = true
+extend_attached_volume = true
 EOF
 }
 
