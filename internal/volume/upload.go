@@ -142,18 +142,14 @@ func (s *Service) uploadImage(r *http.Request, raw json.RawMessage) (*api.Respon
 // image goes if the copy fails; one left half-stored by a stopped
 // controller is deleted the same way, and the volume is given back.
 func (s *Service) finishUpload(ctx context.Context, v *volRow) error {
-	id := v.AdminMetadata[uploadImageKey]
-	werr := errors.New("no image to upload to")
-	if id != "" {
-		werr = s.copyToImage(ctx, v, id)
-		if ctx.Err() != nil {
-			return nil // stopped: the next start resumes it
-		}
-		if werr != nil {
-			s.log.Error("volume: upload to image failed", "volume", v.ID, "image", id, "error", werr)
-			if err := s.images.Delete(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
-				s.log.Warn("volume: removing a failed upload's image", "image", id, "error", err)
-			}
+	if id := v.AdminMetadata[uploadImageKey]; id == "" {
+		s.log.Error("volume: uploading with no image to upload to", "volume", v.ID)
+	} else if werr := s.copyToImage(ctx, v, id); ctx.Err() != nil {
+		return nil // stopped: the next start resumes it
+	} else if werr != nil {
+		s.log.Error("volume: upload to image failed", "volume", v.ID, "image", id, "error", werr)
+		if err := s.images.Delete(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+			s.log.Warn("volume: removing a failed upload's image", "image", id, "error", err)
 		}
 	}
 	return s.record(ctx, v, func(q store.Querier) error {
