@@ -112,9 +112,11 @@ func (s *Service) uploadImage(r *http.Request, raw json.RawMessage) (*api.Respon
 			return invalidVolume("Volume %s status must be available, but current status is: %s.", v.ID, v.Status)
 		}
 		// The image carries what the volume's came with (how to boot and
-		// log in to it), as Cinder copies its Glance metadata.
+		// log in to it), as Cinder copies its Glance metadata, and the
+		// licence of the image the volume's data came from: its servers
+		// pay for it as the original's do.
 		base := &image.Image{DiskFormat: df, ContainerFormat: cf, MinDisk: int(v.Size), Properties: v.ImageMetadata}
-		if img, err = s.images.CreateSnapshot(ctx, tx, v.ProjectID, *name, nil, base, ""); err != nil {
+		if img, err = s.images.CreateSnapshot(ctx, tx, v.ProjectID, *name, nil, base, s.licenceOf(ctx, v)); err != nil {
 			return err
 		}
 		v.AdminMetadata[uploadImageKey] = img.ID
@@ -135,6 +137,25 @@ func (s *Service) uploadImage(r *http.Request, raw json.RawMessage) (*api.Respon
 		out["visibility"], out["protected"] = img.Visibility, false
 	}
 	return api.JSON(http.StatusAccepted, map[string]any{"os-volume_upload_image": out}), nil
+}
+
+// licenceOf is the OS licence of the image a volume's data came from
+// (through clones and snapshots its image metadata keeps the image's id;
+// only the service writes that metadata), "" when none or when that image
+// is gone.
+func (s *Service) licenceOf(ctx context.Context, v *volRow) string {
+	id := v.ImageMetadata["image_id"]
+	if id == "" {
+		return ""
+	}
+	img, err := s.images.Get(ctx, v.ProjectID, true, id)
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) {
+			s.log.Warn("volume: reading the licence of a volume's image", "volume", v.ID, "image", id, "error", err)
+		}
+		return ""
+	}
+	return img.Licence
 }
 
 // finishUpload copies an uploading volume's data into its image (converted

@@ -140,3 +140,36 @@ func readAt(t *testing.T, file string, off int64, n int) ([]byte, int64) {
 	k, _ := f.ReadAt(b, off)
 	return b[:k], fi.Size()
 }
+
+// TestUploadKeepsLicence: a volume made from a Windows image, uploaded to
+// an image of the customer's own, keeps the Windows licence its servers
+// pay for (the image service keeps it through any relabelling).
+func TestUploadKeepsLicence(t *testing.T) {
+	e := newEnv(t, "")
+	ctx := context.Background()
+	resp, raw := testenv.Do(t, e.http, "POST", e.c.ImageURL+"/v2/images", e.adTok,
+		`{"name":"win","disk_format":"raw","container_format":"bare","visibility":"public","os_type":"windows"}`)
+	testenv.MustStatus(t, resp, raw, 201)
+	var win struct{ ID string }
+	if err := json.Unmarshal([]byte(raw), &win); err != nil {
+		t.Fatal(err)
+	}
+	resp, raw = testenv.Do(t, e.http, "PUT", e.c.ImageURL+"/v2/images/"+win.ID+"/file", e.adTok,
+		string(make([]byte, 1<<20)), "Content-Type", "application/octet-stream")
+	testenv.MustStatus(t, resp, raw, 204)
+	m := e.want(t, 202, "POST", "/v3/volumes", e.demoTok, `{"volume":{"size":1,"imageRef":"`+win.ID+`"}}`)
+	vol := m["volume"].(map[string]any)["id"].(string)
+	waitStatus(t, e.demo, vol, "available")
+	up := e.want(t, 202, "POST", "/v3/volumes/"+vol+"/action", e.demoTok,
+		`{"os-volume_upload_image":{"image_name":"mine"}}`)["os-volume_upload_image"].(map[string]any)
+	id := up["image_id"].(string)
+	var got *img.Image
+	testenv.Eventually(t, 30*time.Second, "image "+id+" active", func() bool {
+		var err error
+		got, err = e.c.Images.Get(ctx, e.demoProj, false, id)
+		return err == nil && got.Status == img.StatusActive
+	})
+	if got.Licence != img.LicenceWindows {
+		t.Errorf("the uploaded image's licence is %q, want %q", got.Licence, img.LicenceWindows)
+	}
+}
