@@ -770,7 +770,10 @@ run_tempest() {
 	step "Tempest"
 	mkdir -p "$(dirname "$TEMPEST_DIR")"
 	if [[ ! -f "$TEMPEST_DIR/etc/tempest.conf.sample" && ! -d "$TEMPEST_DIR/etc" ]]; then
-		(cd "$(dirname "$TEMPEST_DIR")" && tempest init "$(basename "$TEMPEST_DIR")") >/dev/null ||
+		# The workspace is registered in a file of its own beside it, not in
+		# ~/.tempest/workspace.yaml, where a workspace of the same name made
+		# elsewhere (another XDG_CACHE_HOME) makes tempest init fail.
+		(cd "$(dirname "$TEMPEST_DIR")" && tempest init --workspace-path "$TEMPEST_DIR.workspaces.yaml" "$(basename "$TEMPEST_DIR")") >/dev/null ||
 			die "tempest init failed"
 	fi
 	mkdir -p "$TEMPEST_DIR/etc" "$TEMPEST_DIR/locks"

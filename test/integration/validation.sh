@@ -346,7 +346,9 @@ EOF
 step "validation: Tempest (run_validation = True)"
 mkdir -p "$(dirname "$TEMPEST_DIR")"
 if [[ ! -d "$TEMPEST_DIR/etc" ]]; then
-	(cd "$(dirname "$TEMPEST_DIR")" && tempest init "$(basename "$TEMPEST_DIR")") >/dev/null || die "tempest init failed"
+	# Registered beside the workspace, not in ~/.tempest (see run.sh).
+	(cd "$(dirname "$TEMPEST_DIR")" && tempest init --workspace-path "$TEMPEST_DIR.workspaces.yaml" "$(basename "$TEMPEST_DIR")") >/dev/null ||
+		die "tempest init failed"
 fi
 mkdir -p "$TEMPEST_DIR/etc" "$TEMPEST_DIR/locks"
 tempest_conf >"$TEMPEST_DIR/etc/tempest.conf" || die "could not write tempest.conf"
