@@ -440,14 +440,20 @@ func (s *Service) disconnect(ctx context.Context, a *attRow) error {
 	return err
 }
 
-// Complete marks a connected attachment attached, its volume in-use, in
-// tx.
-func (s *Service) Complete(ctx context.Context, tx *store.Tx, attachmentID string) error {
-	a, err := getAtt(ctx, tx, attachmentID)
+// onAtt runs f on attachment id, read in tx: the exported calls compute
+// makes by id over the ones the API handlers make on a row they hold.
+func onAtt(ctx context.Context, tx *store.Tx, id string, f func(context.Context, *store.Tx, *attRow) error) error {
+	a, err := getAtt(ctx, tx, id)
 	if err != nil {
 		return err
 	}
-	return s.complete(ctx, tx, a)
+	return f(ctx, tx, a)
+}
+
+// Complete marks a connected attachment attached, its volume in-use, in
+// tx.
+func (s *Service) Complete(ctx context.Context, tx *store.Tx, attachmentID string) error {
+	return onAtt(ctx, tx, attachmentID, s.complete)
 }
 
 func (s *Service) complete(ctx context.Context, tx *store.Tx, a *attRow) error {
@@ -477,11 +483,7 @@ func errNotDetachable() *api.Error {
 // BeginDetach marks an attached attachment detaching (its volume
 // detaching), in tx; 400 "Invalid volume: …" when it is not attached.
 func (s *Service) BeginDetach(ctx context.Context, tx *store.Tx, attachmentID string) error {
-	a, err := getAtt(ctx, tx, attachmentID)
-	if err != nil {
-		return err
-	}
-	return s.beginDetach(ctx, tx, a)
+	return onAtt(ctx, tx, attachmentID, s.beginDetach)
 }
 
 func (s *Service) beginDetach(ctx context.Context, tx *store.Tx, a *attRow) error {
@@ -504,11 +506,7 @@ func (s *Service) beginDetach(ctx context.Context, tx *store.Tx, a *attRow) erro
 // RollDetach takes a detaching attachment back to attached (the driver
 // could not detach), in tx.
 func (s *Service) RollDetach(ctx context.Context, tx *store.Tx, attachmentID string) error {
-	a, err := getAtt(ctx, tx, attachmentID)
-	if err != nil {
-		return err
-	}
-	return s.rollDetach(ctx, tx, a)
+	return onAtt(ctx, tx, attachmentID, s.rollDetach)
 }
 
 func (s *Service) rollDetach(ctx context.Context, tx *store.Tx, a *attRow) error {
