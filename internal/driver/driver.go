@@ -263,6 +263,10 @@ type Volume struct {
 	Conn VolumeConn `json:"connection"`
 	// Throttle is the volume type's QoS, enforced as a QEMU throttle group.
 	Throttle Throttle `json:"throttle,omitzero"`
+	// Boot marks the server's boot volume (Nova's boot_index 0): the VM
+	// boots from it and has no local root disk. At most one volume of a
+	// Spec has it, and it comes first in Spec.Volumes.
+	Boot bool `json:"boot,omitempty"`
 }
 
 // Volume connection kinds: how a host reaches a volume's data.
