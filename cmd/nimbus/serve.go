@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,6 +43,32 @@ func dataDirFor(env, name string) string {
 }
 
 // checkServeFlags refuses the first flag out of its range, naming it.
+// agentOnlyFlags configure serve's local agent alone: the controller
+// itself does not read them.
+var agentOnlyFlags = []string{"driver", "fleet", "fake-delay", "accel", "reserved-cpus", "reserved-memory-mb",
+	"access-host", "qemu-user", "console-listen", "no-sandbox",
+	"network-mode", "provider-bridge", "provider-interface", "underlay-mtu", "netns-prefix"}
+
+// localAgentFlags refuses, with --no-local-agent, a flag that only the
+// local agent would have read: silently ignored, it would leave an
+// operator believing the hosts run as they asked.
+func localAgentFlags(fs *flag.FlagSet, noLocalAgent bool) error {
+	if !noLocalAgent {
+		return nil
+	}
+	var set []string
+	fs.Visit(func(f *flag.Flag) {
+		if slices.Contains(agentOnlyFlags, f.Name) {
+			set = append(set, "--"+f.Name)
+		}
+	})
+	if len(set) > 0 {
+		return fmt.Errorf("%s configure the local agent, which --no-local-agent turns off: give them to each host's nimbus agent",
+			strings.Join(set, ", "))
+	}
+	return nil
+}
+
 func checkServeFlags(cfg *cloud.Config) error {
 	const positive, notNegative = "must be positive", "must not be negative"
 	id, b := cfg.Identity, cfg.Billing
@@ -147,6 +175,9 @@ func serve(args []string) error {
 	keepGPU := fs.Bool("scheduler-keep-gpu-hosts", true, "keep GPU hosts for GPU flavors: other servers go there only when nothing else fits")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Parse(args)
+	if err := localAgentFlags(fs, cfg.NoLocalAgent); err != nil {
+		return err
+	}
 	policy, err := scheduler.ParsePolicy(*weigher, *keepGPU)
 	if err != nil {
 		return fmt.Errorf("--scheduler-weigher: %w", err)

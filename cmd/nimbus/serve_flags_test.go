@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"math"
 	"strings"
 	"testing"
@@ -57,5 +58,47 @@ func TestCheckServeFlags(t *testing.T) {
 		case tc.flag != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.flag+" ")):
 			t.Errorf("%s out of range: got %v, want an error naming it", tc.flag, err)
 		}
+	}
+}
+
+// TestNoLocalAgentFlags: with --no-local-agent, a flag only the local
+// agent reads is refused by name before anything starts, rather than
+// ignored; without it, or for the controller's own flags, nothing is.
+func TestNoLocalAgentFlags(t *testing.T) {
+	vals := map[string]string{"driver": "qemu", "fleet": "f.json", "fake-delay": "1s", "accel": "tcg", "reserved-cpus": "0",
+		"reserved-memory-mb": "0", "access-host": "192.0.2.1", "qemu-user": "nobody", "console-listen": "127.0.0.1:0",
+		"no-sandbox": "true", "network-mode": "bridged", "provider-bridge": "br0", "provider-interface": "eth1",
+		"underlay-mtu": "9000", "netns-prefix": "h1-"}
+	if len(vals) != len(agentOnlyFlags) {
+		t.Fatalf("the table names %d flags, agentOnlyFlags %d", len(vals), len(agentOnlyFlags))
+	}
+	for _, name := range agentOnlyFlags {
+		v, ok := vals[name]
+		if !ok {
+			t.Fatalf("no value for --%s", name)
+		}
+		// serve parses with ExitOnError: a name it does not register
+		// would end the test binary, so this also checks the list.
+		// The bad weigher, checked next, stops serve should the check let
+		// the flag by.
+		err := serve([]string{"--data-dir", t.TempDir(), "--no-local-agent", "--" + name + "=" + v, "--scheduler-weigher", "bogus"})
+		if err == nil || !strings.Contains(err.Error(), "--"+name+" configure the local agent") {
+			t.Errorf("--no-local-agent --%s=%s: got %v, want it refused by name", name, v, err)
+		}
+	}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.String("network-mode", "user", "")
+	fs.String("public-host", "", "")
+	if err := fs.Parse([]string{"--network-mode", "bridged", "--public-host", "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := localAgentFlags(fs, false); err != nil {
+		t.Errorf("with a local agent: %v", err)
+	}
+	fs = flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.String("public-host", "", "")
+	fs.Parse([]string{"--public-host", "x"})
+	if err := localAgentFlags(fs, true); err != nil {
+		t.Errorf("a controller flag with --no-local-agent: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,7 +12,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -102,6 +105,10 @@ func startNetlab(t *testing.T) *netlab {
 		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
 		l.ip("-n", l.ns[role], "link", "set", "lo", "up")
 	}
+	// A VM outlives its agent by design, so a test that stops half-way
+	// would leave its hosts' QEMU (and storage daemons) running: whatever
+	// still runs from the lab's directory goes when the agents have.
+	t.Cleanup(func() { killUnder(l.dir) })
 	// The underlay.
 	l.ip("-n", l.ns["ul"], "link", "add", "br0", "type", "bridge")
 	l.ip("-n", l.ns["ul"], "link", "set", "br0", "up")
@@ -174,6 +181,21 @@ func startNetlab(t *testing.T) *netlab {
 	}
 	l.admin = l.provider("admin", labAdminPassword, cloud.AdminProject)
 	return l
+}
+
+// killUnder kills every process whose command line names a path under dir.
+func killUnder(dir string) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmd, []byte(dir+"/")) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }
 
 // ip runs iproute2's ip (test topology only: the product uses netlink).
