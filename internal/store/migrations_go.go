@@ -12,6 +12,7 @@ import (
 // SQL files. Like those, once landed they are never edited.
 var goMigrations = map[string]func(context.Context, *sql.Tx, Dialect) error{
 	"0017_compute_system_metadata": moveShelveMetadata,
+	"0050_volume_source_image":     fillSourceImage,
 }
 
 // shelveKeys are the keys shelve once kept in a server's user metadata.
@@ -109,4 +110,39 @@ func shelveStateOf(ctx context.Context, tx *sql.Tx, d Dialect, project string, m
 		state["image_id"] = id
 	}
 	return state, nil
+}
+
+// fillSourceImage gives every volume and snapshot made before 0049 its
+// source_image_id from its image metadata's image_id, which then only the
+// service wrote (os-set_image_metadata, which lets owners write it, came
+// with 0049).
+func fillSourceImage(ctx context.Context, tx *sql.Tx, d Dialect) error {
+	for _, table := range []string{"volumes", "volume_snapshots"} {
+		rows, err := tx.QueryContext(ctx, "SELECT id, image_metadata FROM "+table+" WHERE source_image_id = ''")
+		if err != nil {
+			return err
+		}
+		ids := map[string]string{}
+		for rows.Next() {
+			var id, raw string
+			if err := rows.Scan(&id, &raw); err != nil {
+				rows.Close()
+				return err
+			}
+			var meta map[string]string
+			if json.Unmarshal([]byte(raw), &meta) == nil && meta["image_id"] != "" {
+				ids[id] = meta["image_id"]
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for id, img := range ids {
+			if _, err := tx.ExecContext(ctx, rebind(d, "UPDATE "+table+" SET source_image_id = ? WHERE id = ?"), img, id); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

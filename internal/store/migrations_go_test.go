@@ -90,3 +90,61 @@ func mustJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// TestFillSourceImage checks migration 0050 on both engines: volumes and
+// snapshots made before it get their source image from the image id their
+// image metadata had, and the others none.
+func TestFillSourceImage(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		db, err := Open(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		const now = "2026-11-28T10:00:00.000000Z"
+		if _, err := db.Exec(ctx, "INSERT INTO volume_types (id, name, created_at, updated_at) VALUES ('t', 't', ?, ?)", now, now); err != nil {
+			t.Fatal(err)
+		}
+		rows := []struct{ table, id, imeta, want string }{
+			{"volumes", "v-img", `{"image_id":"img-1","image_name":"win"}`, "img-1"},
+			{"volumes", "v-blank", `{}`, ""},
+			{"volume_snapshots", "s-img", `{"image_id":"img-2"}`, "img-2"},
+			{"volume_snapshots", "s-blank", `{"image_name":"x"}`, ""},
+		}
+		for _, r := range rows {
+			var q string
+			if r.table == "volumes" {
+				q = `INSERT INTO volumes (id, project_id, user_id, size, new_size, status, volume_type_id, availability_zone,
+ bootable, image_id, metadata, image_metadata, error, created_at, updated_at, snapshot_id, source_volid)
+ VALUES (?, 'p1', 'u1', 1, 0, 'available', 't', 'nova', 0, '', '{}', ?, '', ?, ?, '', '')`
+			} else {
+				q = `INSERT INTO volume_snapshots (id, project_id, user_id, volume_id, volume_type_id, size, status,
+ image_metadata, created_at, updated_at) VALUES (?, 'p1', 'u1', 'v', 't', 1, 'available', ?, ?, ?)`
+			}
+			if _, err := db.Exec(ctx, q, r.id, r.imeta, now, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tx, err := db.sql.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fillSourceImage(ctx, tx, db.dialect); err != nil {
+			tx.Rollback()
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			var got string
+			if err := db.QueryRow(ctx, "SELECT source_image_id FROM "+r.table+" WHERE id = ?", r.id).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != r.want {
+				t.Errorf("%s %s: source_image_id %q, want %q", r.table, r.id, got, r.want)
+			}
+		}
+	})
+}

@@ -52,6 +52,15 @@ func (s *Service) action(r *http.Request) (*api.Response, error) {
 			return s.terminateConnection(r, raw)
 		case "os-force_detach":
 			return s.forceDetach(r, raw)
+		case "os-force_delete":
+			return s.forceDelete(r) // force_delete.go
+		// Image metadata (image_metadata.go).
+		case "os-set_image_metadata":
+			return s.setImageMetadata(r, raw)
+		case "os-unset_image_metadata":
+			return s.unsetImageMetadata(r, raw)
+		case "os-show_image_metadata":
+			return s.showImageMetadata(r)
 		}
 		return nil, api.BadRequest("There is no such action: %s", name)
 	}

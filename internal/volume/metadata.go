@@ -17,8 +17,9 @@ type metaOwner struct {
 	// load reads the caller's resource id: its metadata, and why it may
 	// not change now (nil when it may).
 	load func(ctx context.Context, q store.Querier, c *api.Caller, id string) (meta map[string]string, busy, err error)
-	// table holds the resource's metadata and updated_at columns.
-	table string
+	// table holds the resource's metadata and updated_at columns; column
+	// names the metadata's ("metadata" when empty).
+	table, column string
 }
 
 var (
@@ -117,7 +118,11 @@ func (s *Service) changeMetadata(r *http.Request, o metaOwner, change func(map[s
 		if len(out) > maxMetadata && len(out) > before {
 			return errTooMuchMetadata()
 		}
-		_, err = tx.Exec(ctx, "UPDATE "+o.table+" SET metadata = ?, updated_at = ? WHERE id = ?", store.JSON(out), store.FormatTime(s.now()), id)
+		col := o.column
+		if col == "" {
+			col = "metadata"
+		}
+		_, err = tx.Exec(ctx, "UPDATE "+o.table+" SET "+col+" = ?, updated_at = ? WHERE id = ?", store.JSON(out), store.FormatTime(s.now()), id)
 		return err
 	})
 	if err != nil {

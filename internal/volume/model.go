@@ -63,6 +63,9 @@ type volRow struct {
 	Error                          string
 	CreatedAt, UpdatedAt           time.Time
 	SnapshotID, SourceVolID        string // what it was made from (snapshots.go)
+	// SourceImageID is the image its data came from, through any clones
+	// and snapshots (service-written: upload.go's licence comes from it).
+	SourceImageID string
 
 	// AdminMetadata is kept by the service, never the owner (readonly, retype.go).
 	AdminMetadata map[string]string
@@ -73,7 +76,7 @@ type volRow struct {
 
 const volColumns = `v.id, v.project_id, v.user_id, v.name, v.description, v.size, v.new_size, v.status, v.volume_type_id,
 	COALESCE(t.name, ''), v.availability_zone, v.bootable, v.image_id, v.metadata, v.image_metadata, v.error, v.created_at, v.updated_at,
-	v.snapshot_id, v.source_volid, v.admin_metadata`
+	v.snapshot_id, v.source_volid, v.admin_metadata, v.source_image_id`
 
 const volFrom = ` FROM volumes v LEFT JOIN volume_types t ON t.id = v.volume_type_id`
 
@@ -83,7 +86,7 @@ func scanVol(sc interface{ Scan(...any) error }) (*volRow, error) {
 	var meta, imeta, admeta, created, updated string
 	if err := sc.Scan(&v.ID, &v.ProjectID, &v.UserID, &v.Name, &v.Description, &v.Size, &v.NewSize, &v.Status, &v.TypeID,
 		&v.TypeName, &v.Zone, &boot, &v.ImageID, &meta, &imeta, &v.Error, &created, &updated,
-		&v.SnapshotID, &v.SourceVolID, &admeta); err != nil {
+		&v.SnapshotID, &v.SourceVolID, &admeta, &v.SourceImageID); err != nil {
 		return nil, err
 	}
 	v.Bootable = boot != 0
@@ -130,11 +133,11 @@ func loadVols(ctx context.Context, q store.Querier, where string, args ...any) (
 func insertVol(ctx context.Context, q store.Querier, v *volRow) error {
 	_, err := q.Exec(ctx, `INSERT INTO volumes (id, project_id, user_id, name, description, size, new_size, status,
 		volume_type_id, availability_zone, bootable, image_id, metadata, image_metadata, error, created_at, updated_at,
-		snapshot_id, source_volid)
-		VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?)`,
+		snapshot_id, source_volid, source_image_id)
+		VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?)`,
 		v.ID, v.ProjectID, v.UserID, v.Name, v.Description, v.Size, v.Status, v.TypeID, v.Zone, b2i(v.Bootable),
 		v.ImageID, store.JSON(v.Metadata), store.JSON(v.ImageMetadata), store.FormatTime(v.CreatedAt), store.FormatTime(v.UpdatedAt),
-		v.SnapshotID, v.SourceVolID)
+		v.SnapshotID, v.SourceVolID, v.SourceImageID)
 	return err
 }
 

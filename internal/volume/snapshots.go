@@ -48,11 +48,15 @@ type snapRow struct {
 	Bootable                                bool
 	ImageMetadata, Metadata                 map[string]string
 	Error                                   string
-	CreatedAt, UpdatedAt                    time.Time
+	// Progress is what os-update_snapshot_status last said ("" if never).
+	Progress string
+	// SourceImageID is its volume's when it was taken (service-written).
+	SourceImageID        string
+	CreatedAt, UpdatedAt time.Time
 }
 
 const snapColumns = `s.id, s.project_id, s.user_id, s.volume_id, s.volume_type_id, s.name, s.description, s.size, s.status,
-	s.bootable, s.image_metadata, s.metadata, s.error, s.created_at, s.updated_at`
+	s.bootable, s.image_metadata, s.metadata, s.error, s.progress, s.source_image_id, s.created_at, s.updated_at`
 
 const snapFrom = " FROM volume_snapshots s"
 
@@ -61,7 +65,7 @@ func scanSnap(sc interface{ Scan(...any) error }) (*snapRow, error) {
 	var boot int
 	var imeta, meta, created, updated string
 	if err := sc.Scan(&sn.ID, &sn.ProjectID, &sn.UserID, &sn.VolumeID, &sn.TypeID, &sn.Name, &sn.Description, &sn.Size,
-		&sn.Status, &boot, &imeta, &meta, &sn.Error, &created, &updated); err != nil {
+		&sn.Status, &boot, &imeta, &meta, &sn.Error, &sn.Progress, &sn.SourceImageID, &created, &updated); err != nil {
 		return nil, err
 	}
 	sn.Bootable = boot != 0
@@ -185,8 +189,11 @@ func snapView(r *http.Request, sn *snapRow, level int) map[string]any {
 		return out
 	}
 	progress := "0%"
-	if sn.Status == SnapAvailable {
+	switch {
+	case sn.Status == SnapAvailable:
 		progress = "100%"
+	case sn.Progress != "":
+		progress = sn.Progress
 	}
 	out["os-extended-snapshot-attributes:project_id"] = sn.ProjectID
 	out["os-extended-snapshot-attributes:progress"] = progress
@@ -295,12 +302,13 @@ func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
 		now := s.now()
 		sn = &snapRow{ID: newID(), ProjectID: v.ProjectID, UserID: c.UserID, VolumeID: v.ID, TypeID: v.TypeID,
 			Name: name, Description: desc, Size: v.Size, Status: SnapCreating, Bootable: v.Bootable,
-			ImageMetadata: v.ImageMetadata, Metadata: meta, CreatedAt: now, UpdatedAt: now}
+			ImageMetadata: v.ImageMetadata, Metadata: meta, SourceImageID: v.SourceImageID, CreatedAt: now, UpdatedAt: now}
 		if _, err := tx.Exec(ctx, `INSERT INTO volume_snapshots (id, project_id, user_id, volume_id, volume_type_id, name,
-			description, size, status, bootable, image_metadata, metadata, error, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?)`,
+			description, size, status, bootable, image_metadata, metadata, error, source_image_id, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?)`,
 			sn.ID, sn.ProjectID, sn.UserID, sn.VolumeID, sn.TypeID, sn.Name, sn.Description, sn.Size, sn.Status,
-			b2i(sn.Bootable), store.JSON(sn.ImageMetadata), store.JSON(sn.Metadata), store.FormatTime(now), store.FormatTime(now)); err != nil {
+			b2i(sn.Bootable), store.JSON(sn.ImageMetadata), store.JSON(sn.Metadata), sn.SourceImageID,
+			store.FormatTime(now), store.FormatTime(now)); err != nil {
 			return err
 		}
 		if err := meterSnap(ctx, tx, sn, now); err != nil {
@@ -412,6 +420,9 @@ func (s *Service) startSnapshotDelete(r *http.Request, force bool) (*api.Respons
 			return err
 		}
 		if sn.Status == SnapDeleting {
+			if force { // an admin's reset to deleting queued no work
+				tx.AfterCommit(func() { s.kick(snapKey + sn.ID) })
+			}
 			return nil
 		}
 		if !force && sn.Status != SnapAvailable && sn.Status != SnapError {
@@ -456,6 +467,8 @@ func (s *Service) snapshotAction(r *http.Request) (*api.Response, error) {
 				return nil, api.PolicyForbidden("volume_extension:snapshot_admin_actions:force_delete")
 			}
 			return s.startSnapshotDelete(r, true)
+		case "os-update_snapshot_status":
+			return s.updateSnapshotStatus(r, raw)
 		}
 		return nil, api.BadRequest("There is no such action: %s", name)
 	}
@@ -741,7 +754,7 @@ func (s *Service) volumeSource(ctx context.Context, c *api.Caller, b body, v *vo
 	if typeRef == nil || *typeRef == "" {
 		typeRef = &src.typeID
 	}
-	v.Bootable = src.bootable
+	v.Bootable, v.SourceImageID = src.bootable, src.imageID
 	v.ImageMetadata = map[string]string{}
 	for k, x := range src.imageMeta {
 		v.ImageMetadata[k] = x
@@ -755,6 +768,7 @@ type source struct {
 	typeID    string
 	bootable  bool
 	imageMeta map[string]string
+	imageID   string // the SourceImageID it passes on
 }
 
 // sourceOf finds v's snapshot or source volume as the caller sees it and
@@ -769,7 +783,7 @@ func (s *Service) sourceOf(ctx context.Context, q store.Querier, c *api.Caller, 
 		if sn.Status != SnapAvailable {
 			return nil, invalidSnapshot("Originating snapshot status must be one of 'available' values")
 		}
-		return &source{size: sn.Size, typeID: sn.TypeID, bootable: sn.Bootable, imageMeta: sn.ImageMetadata}, nil
+		return &source{size: sn.Size, typeID: sn.TypeID, bootable: sn.Bootable, imageMeta: sn.ImageMetadata, imageID: sn.SourceImageID}, nil
 	}
 	if v.SourceVolID == "" {
 		return nil, nil
@@ -781,7 +795,7 @@ func (s *Service) sourceOf(ctx context.Context, q store.Querier, c *api.Caller, 
 	if src.Status != StatusAvailable {
 		return nil, invalidVolume("Volume %s status must be available to be cloned, but current status is: %s.", src.ID, src.Status)
 	}
-	return &source{size: src.Size, typeID: src.TypeID, bootable: src.Bootable, imageMeta: src.ImageMetadata}, nil
+	return &source{size: src.Size, typeID: src.TypeID, bootable: src.Bootable, imageMeta: src.ImageMetadata, imageID: src.SourceImageID}, nil
 }
 
 // sourcePath is the file volume v is copied from, "" when it is made from

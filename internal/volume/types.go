@@ -121,7 +121,7 @@ func (s *Service) bootstrapType(ctx context.Context) error {
 	})
 }
 
-// typeView is cinder/api/v2/views/types.py show.
+// typeView is cinder/api/v2/views/types.py show, as GET answers it.
 func typeView(r *http.Request, t *typeRow) map[string]any {
 	specs := t.ExtraSpecs
 	if !caller(r).IsAdmin() {
@@ -136,6 +136,18 @@ func typeView(r *http.Request, t *typeRow) map[string]any {
 		"extra_specs": specs, "os-volume-type-access:is_public": t.IsPublic}
 	if caller(r).IsAdmin() {
 		out["qos_specs_id"] = t.QoSSpecsID
+	}
+	return out
+}
+
+// typeWriteView is the type as POST and PUT /types answer it: without
+// qos_specs_id, and for PUT without the type-access attribute either (the
+// response schemas Tempest checks Cinder against forbid both).
+func typeWriteView(r *http.Request, t *typeRow, update bool) map[string]any {
+	out := typeView(r, t)
+	delete(out, "qos_specs_id")
+	if update {
+		delete(out, "os-volume-type-access:is_public")
 	}
 	return out
 }
@@ -248,7 +260,7 @@ func (s *Service) createType(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(200, map[string]any{"volume_type": typeView(r, t)}), nil
+	return api.JSON(200, map[string]any{"volume_type": typeWriteView(r, t, false)}), nil
 }
 
 // updateType is PUT /types/{id} (admin): name, description, is_public.
@@ -290,7 +302,7 @@ func (s *Service) updateType(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(200, map[string]any{"volume_type": typeView(r, t)}), nil
+	return api.JSON(200, map[string]any{"volume_type": typeWriteView(r, t, true)}), nil
 }
 
 // deleteType is DELETE /types/{id} (admin): 202, unless it is the default

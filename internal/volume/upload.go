@@ -140,11 +140,11 @@ func (s *Service) uploadImage(r *http.Request, raw json.RawMessage) (*api.Respon
 }
 
 // licenceOf is the OS licence of the image a volume's data came from
-// (through clones and snapshots its image metadata keeps the image's id;
-// only the service writes that metadata), "" when none or when that image
-// is gone.
+// (through clones and snapshots: SourceImageID, which only the service
+// writes, never the image metadata its owner may change), "" when none or
+// when that image is gone.
 func (s *Service) licenceOf(ctx context.Context, v *volRow) string {
-	id := v.ImageMetadata["image_id"]
+	id := v.SourceImageID
 	if id == "" {
 		return ""
 	}

@@ -228,7 +228,7 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 		if int64(img.MinDisk) > size {
 			return nil, invalidInput("Volume size %dGB cannot be smaller than the image minDisk size %dGB.", size, img.MinDisk)
 		}
-		v.ImageID, v.Bootable = img.ID, true
+		v.ImageID, v.Bootable, v.SourceImageID = img.ID, true, img.ID
 		v.ImageMetadata = map[string]string{"image_id": img.ID, "image_name": img.Name, "container_format": img.ContainerFormat,
 			"disk_format": img.DiskFormat, "checksum": img.Checksum, "size": strconv.FormatInt(img.Size, 10),
 			"min_disk": strconv.Itoa(img.MinDisk), "min_ram": strconv.Itoa(img.MinRAM)}
