@@ -448,3 +448,54 @@ func TestConn(t *testing.T) {
 		t.Errorf("Conn of a missing image: %v", err)
 	}
 }
+
+// TestCopy: Copy writes a snapshot over another pool's image whole,
+// its zeroes too, so what the target held before is gone; Snapshots
+// lists the source's snapshot.
+func TestCopy(t *testing.T) {
+	s, _ := newStore(t)
+	backups, err := s.InPool(testenv.BackupsPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, dst := newName(), newName()
+	if err := s.Create(ctx, src, 8*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := backups.Create(ctx, dst, 16*mib); err != nil {
+		t.Fatal(err)
+	}
+	write(t, s, src, mib, 0x41, 64*1024)
+	snap := SnapshotName(uuid.NewString())
+	if err := s.CreateSnapshot(ctx, src, snap); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Snapshots(ctx, src); err != nil || len(got) != 1 || got[0] != snap {
+		t.Errorf("Snapshots = %q, %v; want [%s]", got, err, snap)
+	}
+	write(t, s, src, mib, 0x42, 64*1024) // after the snapshot: not copied
+	write(t, backups, dst, 0, 0x77, 8*mib)
+	if err := s.Copy(ctx, src, snap, backups, dst); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, backups, dst, 0, 0, int(mib))
+	verify(t, backups, dst, mib, 0x41, 64*1024)
+	verify(t, backups, dst, mib+64*1024, 0, int(7*mib-64*1024))
+	if err := backups.Copy(ctx, dst, "", s, src); !errors.Is(err, ErrInvalid) {
+		t.Errorf("copy of 16 MiB onto 8 MiB: %v, want ErrInvalid", err)
+	}
+	for _, c := range []struct {
+		st   *Store
+		name string
+	}{{backups, dst}, {s, src}} {
+		if c.st == s {
+			if err := s.DeleteSnapshot(ctx, src, snap); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.st.Delete(ctx, c.name); err != nil {
+			t.Error(err)
+		}
+	}
+}
