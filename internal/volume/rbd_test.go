@@ -313,3 +313,85 @@ func TestRBDBackend(t *testing.T) {
 		}
 	})
 }
+
+// TestRBDResume: work a stopped controller left half-done on the rbd
+// backend is redone at the next start: a volume still creating whose
+// image is half-made, one still deleting, a snapshot still creating and
+// a backup still creating with nothing stored.
+func TestRBDResume(t *testing.T) {
+	cl := newRBDCluster(t)
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		cfg, db, _ := serviceConfig(t, dbURL)
+		cfg.RBD, cfg.RBDBackups = cl.vols, cl.backups
+		o := startService(t, cfg)
+		newVol := func() string {
+			id := idIn(o.call("POST", "/v3/volumes", `{"volume":{"size":1}}`, 202), "id")
+			o.waitFor("/v3/volumes/"+id, "available")
+			return id
+		}
+		creating, deleting, snapped := newVol(), newVol(), newVol()
+		sn := idIn(o.call("POST", "/v3/snapshots", `{"snapshot":{"volume_id":"`+snapped+`"}}`, 202), "id")
+		o.waitFor("/v3/snapshots/"+sn, "available")
+		bk := idIn(o.call("POST", "/v3/backups", `{"backup":{"volume_id":"`+snapped+`"}}`, 202), "id")
+		o.waitFor("/v3/backups/"+bk, "available")
+		o.waitFor("/v3/volumes/"+snapped, "available")
+		o.stop()
+
+		// As if the controller had stopped in the middle of each.
+		exec := func(q string, args ...any) {
+			t.Helper()
+			if _, err := db.Exec(ctx, q, args...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		img := rbd.VolumeName(creating)
+		if err := cl.vols.Delete(ctx, img); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.vols.Create(ctx, img, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		exec("UPDATE volumes SET status = 'creating' WHERE id = ?", creating)
+		exec("UPDATE volumes SET status = 'deleting' WHERE id = ?", deleting)
+		if err := cl.vols.DeleteSnapshot(ctx, rbd.VolumeName(snapped), rbd.SnapshotName(sn)); err != nil {
+			t.Fatal(err)
+		}
+		exec("UPDATE volume_snapshots SET status = 'creating' WHERE id = ?", sn)
+		bimg := rbd.VolumeName(snapped) + ".backup." + bk
+		snaps, err := cl.backups.Snapshots(ctx, bimg)
+		if err != nil || len(snaps) != 1 {
+			t.Fatalf("backup image %s: snapshots %q, %v", bimg, snaps, err)
+		}
+		if err := cl.backups.DeleteSnapshot(ctx, bimg, snaps[0]); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.backups.Delete(ctx, bimg); err != nil {
+			t.Fatal(err)
+		}
+		exec("UPDATE volume_backups SET status = 'creating' WHERE id = ?", bk)
+		exec("UPDATE volumes SET status = 'backing-up' WHERE id = ?", snapped)
+
+		o = startService(t, cfg)
+		o.waitFor("/v3/volumes/"+creating, "available")
+		if got := cl.size(t, creating); got != 1<<30 {
+			t.Errorf("resumed create: image of %d bytes, want 1 GiB", got)
+		}
+		testenv.Eventually(t, 30*time.Second, "deleting volume gone", func() bool {
+			resp, _ := testenv.Do(t, o.srv.Client(), "GET", o.srv.URL+"/v3/volumes/"+deleting, "tok", "")
+			return resp.StatusCode == 404
+		})
+		if ok, err := cl.vols.Exists(ctx, rbd.VolumeName(deleting)); ok || err != nil {
+			t.Errorf("resumed delete left image %s (%v)", rbd.VolumeName(deleting), err)
+		}
+		o.waitFor("/v3/snapshots/"+sn, "available")
+		if ok, err := cl.vols.HasSnapshot(ctx, rbd.VolumeName(snapped), rbd.SnapshotName(sn)); !ok || err != nil {
+			t.Errorf("resumed snapshot: no RBD snapshot (%v)", err)
+		}
+		o.waitFor("/v3/backups/"+bk, "available")
+		o.waitFor("/v3/volumes/"+snapped, "available")
+		if snaps, err := cl.backups.Snapshots(ctx, bimg); err != nil || len(snaps) != 1 {
+			t.Errorf("resumed backup: image %s has snapshots %q (%v)", bimg, snaps, err)
+		}
+	})
+}
