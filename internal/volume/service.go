@@ -1,9 +1,9 @@
 // Package volume is Nimbus's Cinder v3 block storage: volumes (the
-// "network disk") as sparse raw files in the data directory, volume types,
-// per-project quotas and limits, and the usage periods billing charges
-// volumes from.
+// "network disk") as sparse raw files in the data directory or as RBD
+// images in a Ceph pool (backend.go), volume types, per-project quotas
+// and limits, and the usage periods billing charges volumes from.
 //
-// A volume's row is its desired state and its file the real one. Creating,
+// A volume's row is its desired state and its data the real one. Creating,
 // extending and deleting answer 202 at once, as Cinder does; the data work
 // runs after the transaction commits (worker.go) and moves the volume from
 // creating, extending or deleting to available (or error, or gone). Work
