@@ -14,18 +14,18 @@ import (
 
 	"github.com/google/uuid"
 
-	"nimbus/internal/testenv"
+	"nimbus/internal/cephtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.CephMain(m)) }
+func TestMain(m *testing.M) { os.Exit(cephtest.CephMain(m)) }
 
 const mib = 1 << 20
 
 // newStore is a store on the shared cluster's volumes pool.
-func newStore(t testing.TB, mod ...func(*Config)) (*Store, *testenv.Ceph) {
+func newStore(t testing.TB, mod ...func(*Config)) (*Store, *cephtest.Ceph) {
 	t.Helper()
-	c := testenv.SharedCeph(t)
-	cfg := Config{Conf: c.Conf, Keyring: c.Keyring, User: c.Client, Pool: testenv.VolumesPool}
+	c := cephtest.SharedCeph(t)
+	cfg := Config{Conf: c.Conf, Keyring: c.Keyring, User: c.Client, Pool: cephtest.VolumesPool}
 	for _, m := range mod {
 		m(&cfg)
 	}
@@ -286,7 +286,7 @@ func TestCloneDepth(t *testing.T) {
 // a new volume, compared byte for byte.
 func TestBackupDiffs(t *testing.T) {
 	s, _ := newStore(t)
-	backups, err := s.InPool(testenv.BackupsPool)
+	backups, err := s.InPool(cephtest.BackupsPool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +454,7 @@ func TestConn(t *testing.T) {
 // lists the source's snapshot.
 func TestCopy(t *testing.T) {
 	s, _ := newStore(t)
-	backups, err := s.InPool(testenv.BackupsPool)
+	backups, err := s.InPool(cephtest.BackupsPool)
 	if err != nil {
 		t.Fatal(err)
 	}
