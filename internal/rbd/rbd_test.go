@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -482,6 +483,22 @@ func TestCopy(t *testing.T) {
 	verify(t, backups, dst, 0, 0, int(mib))
 	verify(t, backups, dst, mib, 0x41, 64*1024)
 	verify(t, backups, dst, mib+64*1024, 0, int(7*mib-64*1024))
+	// ExportFile: the same bytes as Export, zeroes left as holes.
+	file := filepath.Join(t.TempDir(), "dst.raw")
+	if err := backups.ExportFile(ctx, dst, "", file); err != nil {
+		t.Fatal(err)
+	}
+	var whole bytes.Buffer
+	if err := backups.Export(ctx, dst, "", &whole); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(file); err != nil || !bytes.Equal(got, whole.Bytes()) {
+		t.Errorf("ExportFile: %d bytes (%v), Export %d, not the same", len(got), err, whole.Len())
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(file, &st); err != nil || st.Blocks*512 > 8*mib {
+		t.Errorf("ExportFile: %d bytes on disk for 16 MiB with 64 KiB of data (%v)", st.Blocks*512, err)
+	}
 	if err := backups.Copy(ctx, dst, "", s, src); !errors.Is(err, ErrInvalid) {
 		t.Errorf("copy of 16 MiB onto 8 MiB: %v, want ErrInvalid", err)
 	}

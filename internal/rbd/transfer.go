@@ -182,6 +182,21 @@ func (s *Store) Export(ctx context.Context, image, snap string, w io.Writer) err
 	return err
 }
 
+// ExportFile writes the image (at snap, if not "") to a new file at
+// path as raw data, sparse: rbd leaves zeroed extents as holes.
+func (s *Store) ExportFile(ctx context.Context, image, snap, path string) error {
+	if err := checkImage(image); err != nil {
+		return err
+	}
+	if snap != "" {
+		if err := checkSnap(snap); err != nil {
+			return err
+		}
+	}
+	_, err := s.run(ctx, cmd{name: "rbd", args: s.rbdArgs("export", "--no-progress", s.spec(image, snap), path), long: true})
+	return err
+}
+
 // ExportDiff writes to w the changes to image from fromSnap (""
 // for the whole image) to toSnap, in rbd's diff format (the Ceph backup
 // driver's incremental backups). The diff names both snapshots;

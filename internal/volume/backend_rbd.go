@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"nimbus/internal/driver"
@@ -87,25 +88,23 @@ func (r *rbdBackend) deleteSnapshot(ctx context.Context, sn *snapRow) error {
 	return err
 }
 
-// readFile exports the image to a temporary file in the data directory.
+// readFile exports the image to a sparse temporary file in a private
+// directory under the data directory.
 func (r *rbdBackend) readFile(ctx context.Context, id string) (string, func(), error) {
 	if err := os.MkdirAll(r.s.dataDir, 0o700); err != nil {
 		return "", nil, err
 	}
-	f, err := os.CreateTemp(r.s.dataDir, ".export-*")
+	dir, err := os.MkdirTemp(r.s.dataDir, ".export-")
 	if err != nil {
 		return "", nil, err
 	}
-	done := func() { os.Remove(f.Name()) }
-	err = r.vols.Export(ctx, rbd.VolumeName(id), "", f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	done := func() { os.RemoveAll(dir) }
+	path := filepath.Join(dir, id+".raw")
+	if err := r.vols.ExportFile(ctx, rbd.VolumeName(id), "", path); err != nil {
 		done()
 		return "", nil, err
 	}
-	return f.Name(), done, nil
+	return path, done, nil
 }
 
 // backupImage is the backup pool's image a full backup's data starts.

@@ -150,11 +150,13 @@ func TestRBDBackend(t *testing.T) {
 		if err := imagedata.Upload(ctx, ic, im.ID, bytes.NewReader(payload)).ExtractErr(); err != nil {
 			t.Fatal(err)
 		}
+		start := time.Now()
 		v, err := volumes.Create(ctx, e.demo, volumes.CreateOpts{Size: 1, Name: "from-image", ImageID: im.ID}, nil).Extract()
 		if err != nil {
 			t.Fatal(err)
 		}
 		waitStatus(t, e.demo, v.ID, "available")
+		t.Logf("volume from a 3 MiB raw image available in %v", time.Since(start).Round(time.Millisecond))
 		src := v.ID
 		if got := cl.size(t, src); got != 1<<30 {
 			t.Errorf("volume from image: image of %d bytes, want 1 GiB", got)
@@ -186,6 +188,7 @@ func TestRBDBackend(t *testing.T) {
 			t.Fatalf("the volume's image has no RBD snapshot %s: %v", rbd.SnapshotName(sn.ID), err)
 		}
 		cl.write(t, src, 0, mib, 0x63)
+		start = time.Now()
 		fromSnap, err := volumes.Create(ctx, e.demo, volumes.CreateOpts{Size: 2, SnapshotID: sn.ID}, nil).Extract()
 		if err != nil {
 			t.Fatal(err)
@@ -196,6 +199,7 @@ func TestRBDBackend(t *testing.T) {
 		}
 		waitStatus(t, e.demo, fromSnap.ID, "available")
 		waitStatus(t, e.demo, clone.ID, "available")
+		t.Logf("a volume from a snapshot and a clone available in %v", time.Since(start).Round(time.Millisecond))
 		cl.check(t, fromSnap.ID, 0, 2*mib, 0x61)
 		cl.check(t, clone.ID, 0, mib, 0x63)
 		cl.check(t, clone.ID, mib, mib, 0x61)
@@ -228,11 +232,13 @@ func TestRBDBackend(t *testing.T) {
 			t.Errorf("no image for the full backup in the backup pool: %q", cl.images(t, testenv.BackupsPool))
 		}
 		cl.write(t, src, 4*mib, mib, 0x64)
+		start = time.Now()
 		incr, err := backups.Create(ctx, e.demo, backups.CreateOpts{VolumeID: src, Name: "incr", Incremental: true}).Extract()
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := waitBackup(t, e.demo, incr.ID, "available")
+		t.Logf("incremental backup of 1 MiB changed available in %v", time.Since(start).Round(time.Millisecond))
 		if !got.IsIncremental || got.ObjectCount > 1 {
 			t.Errorf("incremental backup %+v: want incremental, one 4 MiB object", got)
 		}

@@ -66,10 +66,9 @@ func (s *Service) Close() {
 func (s *Service) kick(id string) { s.queue.Add(id) }
 
 // process does what a volume's status asks: make its data (creating), grow
-// it (extending) or remove it and the row (deleting), through the
-// backend, then records the
-// outcome in one transaction. It is idempotent; an error (the store
-// failed) asks the queue to try again later.
+// it (extending) or remove it and the row (deleting) through the backend,
+// then records the outcome in one transaction. It is idempotent; an error
+// (the store failed) asks the queue to try again later.
 func (s *Service) process(ctx context.Context, id string) error {
 	if sid, ok := strings.CutPrefix(id, snapKey); ok {
 		return s.processSnapshot(ctx, sid)
