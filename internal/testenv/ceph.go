@@ -16,10 +16,16 @@ const (
 )
 
 // StartCeph brings up a cluster of the test's own (cephtest.StartCeph).
-func StartCeph(t testing.TB) *Ceph { return cephtest.StartCeph(t) }
+func StartCeph(t testing.TB) *Ceph {
+	t.Helper()
+	return cephtest.StartCeph(t)
+}
 
 // SharedCeph is the test binary's one cluster (cephtest.SharedCeph).
-func SharedCeph(t testing.TB) *Ceph { return cephtest.SharedCeph(t) }
+func SharedCeph(t testing.TB) *Ceph {
+	t.Helper()
+	return cephtest.SharedCeph(t)
+}
 
 // CephMain runs a test binary's tests and tears down its shared cluster
 // (cephtest.CephMain).
