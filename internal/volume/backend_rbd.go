@@ -21,9 +21,10 @@ import (
 //
 // Backups go to a second pool, as Cinder's Ceph backup driver keeps them
 // (cinder/backup/drivers/ceph.py), rather than to the directory store:
-// a backup then never leaves the cluster nor crosses the controller,
-// and an incremental backup is rbd's own diff between two snapshots of
-// the volume, which copies only what changed without reading the rest.
+// a backup stays in the cluster and streams from pool to pool through
+// the controller's rbd tools without touching its disk, and an
+// incremental backup is rbd's own diff between two snapshots of the
+// volume, which copies only what changed without reading the rest.
 // A full backup b of volume v is the image volume-<v>.backup.<b> in that
 // pool with one snapshot backup.<b>.snap.<time>; an incremental adds
 // its snapshot to its parent's image, from the diff between the
