@@ -81,6 +81,7 @@ func checkServeFlags(cfg *cloud.Config) error {
 		{cfg.DownAfter <= 0, "--down-after", positive},
 		{cfg.AgentHeartbeat <= 0, "--heartbeat", positive},
 		{cfg.OpTimeout <= 0, "--op-timeout", positive},
+		{cfg.Volumes.Backend != cloud.VolumeBackendFile && cfg.Volumes.Backend != cloud.VolumeBackendRBD && cfg.Volumes.Backend != "", "--volume-backend", "must be file or rbd"},
 		{id.LockoutFailureAttempts < 0, "--lockout-failure-attempts", notNegative},
 		{id.LockoutDuration < 0, "--lockout-duration", notNegative},
 		{id.LoginFailuresPerAddress < 0, "--login-failures-per-ip", notNegative},
@@ -150,6 +151,12 @@ func serve(args []string) error {
 	fs.DurationVar(&cfg.HTTP.IdleTimeout, "idle-timeout", cfg.HTTP.IdleTimeout, "how long a kept-alive connection may wait for its next request")
 	fs.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", cfg.HTTP.MaxConnsPerIP, "open connections per client address (IPv6: per /64) over all listeners (0: no limit)")
 	fs.StringVar(&cfg.Driver, "driver", "fake", "the local agent's hypervisor driver: fake (a simulated fleet) or qemu (real VMs on this machine)")
+	fs.StringVar(&cfg.Volumes.Backend, "volume-backend", cloud.VolumeBackendFile, "where volumes live: file (files in the data directory, served to other hosts over NBD) or rbd (RBD images in a Ceph pool, see --rbd-*)")
+	fs.StringVar(&cfg.Volumes.RBD.Conf, "rbd-conf", "/etc/ceph/ceph.conf", "with --volume-backend rbd: the Ceph cluster's ceph.conf")
+	fs.StringVar(&cfg.Volumes.RBD.User, "rbd-user", "cinder", "with --volume-backend rbd: the Ceph client's name, without client.")
+	fs.StringVar(&cfg.Volumes.RBD.Keyring, "rbd-keyring", "", "with --volume-backend rbd: the client's keyring (default /etc/ceph/ceph.client.<rbd-user>.keyring)")
+	fs.StringVar(&cfg.Volumes.RBD.Pool, "rbd-pool", "volumes", "with --volume-backend rbd: the pool volumes and their snapshots live in")
+	fs.StringVar(&cfg.Volumes.RBD.BackupPool, "rbd-backup-pool", "backups", "with --volume-backend rbd: the pool volume backups are stored in")
 	var qf qemuFlags
 	qf.register(fs)
 	var nf netFlags

@@ -31,6 +31,8 @@ func TestCheckServeFlags(t *testing.T) {
 		{"--down-after", func(c *cloud.Config) { c.DownAfter = 0 }},
 		{"--heartbeat", func(c *cloud.Config) { c.AgentHeartbeat = -time.Second }},
 		{"--op-timeout", func(c *cloud.Config) { c.OpTimeout = 0 }},
+		{"", func(c *cloud.Config) { c.Volumes.Backend = cloud.VolumeBackendRBD }},
+		{"--volume-backend", func(c *cloud.Config) { c.Volumes.Backend = "ceph" }},
 		{"--lockout-failure-attempts", func(c *cloud.Config) { c.Identity.LockoutFailureAttempts = -1 }},
 		{"--lockout-duration", func(c *cloud.Config) { c.Identity.LockoutDuration = -time.Second }},
 		{"--login-failures-per-ip", func(c *cloud.Config) { c.Identity.LoginFailuresPerAddress = -1 }},

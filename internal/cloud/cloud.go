@@ -110,7 +110,9 @@ type Config struct {
 	HTTP HTTPLimits
 	// Panel configures the web panel.
 	Panel PanelOptions
-	Log   *slog.Logger
+	// Volumes chooses where block storage keeps the volumes' data.
+	Volumes VolumeOptions
+	Log     *slog.Logger
 }
 
 // HTTPLimits bound what slow or numerous connections can hold on every
@@ -316,14 +318,14 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Identity.AddProjectHook(c.Networks)
 	c.Identity.AddProjectHook(c.Billing)
 	c.Billing.SetDetacher(c.Networks)
-	exports, err := newVolumeExporter(cfg)
+	vcfg, exports, err := volumeConfig(cfg)
 	if err != nil {
 		closeAll(lns)
 		return nil, err
 	}
 	c.exports = exports
-	c.Volumes = volume.New(volume.Config{DB: db, DataDir: filepath.Join(cfg.DataDir, "volumes"), Images: c.Images,
-		Log: cfg.Log.With("component", "volume"), Billing: c.Billing, Exporter: exports})
+	vcfg.DB, vcfg.Images, vcfg.Billing = db, c.Images, c.Billing
+	c.Volumes = volume.New(vcfg)
 	c.Fleet = fleet.New(db, fleet.Config{DownAfter: cfg.DownAfter, OpTimeout: cfg.OpTimeout, Log: cfg.Log})
 	c.Fleet.SetImages(hostImages{c.Images})
 	c.Driver = c.Fleet

@@ -9,23 +9,24 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
-	"nimbus/internal/testenv"
+	"nimbus/internal/cephtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.CephMain(m)) }
+func TestMain(m *testing.M) { os.Exit(cephtest.CephMain(m)) }
 
 const mib = 1 << 20
 
 // newStore is a store on the shared cluster's volumes pool.
-func newStore(t testing.TB, mod ...func(*Config)) (*Store, *testenv.Ceph) {
+func newStore(t testing.TB, mod ...func(*Config)) (*Store, *cephtest.Ceph) {
 	t.Helper()
-	c := testenv.SharedCeph(t)
-	cfg := Config{Conf: c.Conf, Keyring: c.Keyring, User: c.Client, Pool: testenv.VolumesPool}
+	c := cephtest.SharedCeph(t)
+	cfg := Config{Conf: c.Conf, Keyring: c.Keyring, User: c.Client, Pool: cephtest.VolumesPool}
 	for _, m := range mod {
 		m(&cfg)
 	}
@@ -286,7 +287,7 @@ func TestCloneDepth(t *testing.T) {
 // a new volume, compared byte for byte.
 func TestBackupDiffs(t *testing.T) {
 	s, _ := newStore(t)
-	backups, err := s.InPool(testenv.BackupsPool)
+	backups, err := s.InPool(cephtest.BackupsPool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,5 +447,72 @@ func TestConn(t *testing.T) {
 	}
 	if _, err := s.Conn(ctx, newName()); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Conn of a missing image: %v", err)
+	}
+}
+
+// TestCopy: Copy writes a snapshot over another pool's image whole,
+// its zeroes too, so what the target held before is gone; Snapshots
+// lists the source's snapshot.
+func TestCopy(t *testing.T) {
+	s, _ := newStore(t)
+	backups, err := s.InPool(cephtest.BackupsPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, dst := newName(), newName()
+	if err := s.Create(ctx, src, 8*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := backups.Create(ctx, dst, 16*mib); err != nil {
+		t.Fatal(err)
+	}
+	write(t, s, src, mib, 0x41, 64*1024)
+	snap := SnapshotName(uuid.NewString())
+	if err := s.CreateSnapshot(ctx, src, snap); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Snapshots(ctx, src); err != nil || len(got) != 1 || got[0] != snap {
+		t.Errorf("Snapshots = %q, %v; want [%s]", got, err, snap)
+	}
+	write(t, s, src, mib, 0x42, 64*1024) // after the snapshot: not copied
+	write(t, backups, dst, 0, 0x77, 8*mib)
+	if err := s.Copy(ctx, src, snap, backups, dst); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, backups, dst, 0, 0, int(mib))
+	verify(t, backups, dst, mib, 0x41, 64*1024)
+	verify(t, backups, dst, mib+64*1024, 0, int(7*mib-64*1024))
+	// ExportFile: the same bytes as Export, zeroes left as holes.
+	file := filepath.Join(t.TempDir(), "dst.raw")
+	if err := backups.ExportFile(ctx, dst, "", file); err != nil {
+		t.Fatal(err)
+	}
+	var whole bytes.Buffer
+	if err := backups.Export(ctx, dst, "", &whole); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(file); err != nil || !bytes.Equal(got, whole.Bytes()) {
+		t.Errorf("ExportFile: %d bytes (%v), Export %d, not the same", len(got), err, whole.Len())
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(file, &st); err != nil || st.Blocks*512 > 8*mib {
+		t.Errorf("ExportFile: %d bytes on disk for 16 MiB with 64 KiB of data (%v)", st.Blocks*512, err)
+	}
+	if err := backups.Copy(ctx, dst, "", s, src); !errors.Is(err, ErrInvalid) {
+		t.Errorf("copy of 16 MiB onto 8 MiB: %v, want ErrInvalid", err)
+	}
+	for _, c := range []struct {
+		st   *Store
+		name string
+	}{{backups, dst}, {s, src}} {
+		if c.st == s {
+			if err := s.DeleteSnapshot(ctx, src, snap); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.st.Delete(ctx, c.name); err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -76,6 +76,23 @@ func (s *Store) HasSnapshot(ctx context.Context, image, snap string) (bool, erro
 	return false, nil
 }
 
+// Snapshots are the names of the image's snapshots, oldest first;
+// ErrNotFound if the image is not there.
+func (s *Store) Snapshots(ctx context.Context, image string) ([]string, error) {
+	if err := checkImage(image); err != nil {
+		return nil, err
+	}
+	snaps, err := s.snaps(ctx, image)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(snaps))
+	for _, sn := range snaps {
+		names = append(names, sn.Name)
+	}
+	return names, nil
+}
+
 // CloneFromSnapshot makes dest a copy-on-write clone of image@snap
 // (Cinder's create_volume_from_snapshot), flattened when
 // Config.FlattenFromSnapshot, and grown to sizeBytes if that is larger

@@ -54,10 +54,10 @@ func (s *Store) ImportImage(ctx context.Context, name, path, format string, size
 	}
 	conn, err := s.Conn(ctx, name)
 	if err == nil {
-		err = s.qemuImg(ctx, conn, func(target string) []string {
+		err = s.qemuImg(ctx, conn.Key, func(secret string) []string {
 			// -n: into the image just made; --target-is-zero: it reads
 			// as zeroes, so zero areas are not written.
-			return []string{"convert", "-n", "--target-is-zero", "-f", format, "--target-image-opts", path, target}
+			return []string{"convert", "-n", "--target-is-zero", "-f", format, "--target-image-opts", path, ImageOpts(conn, secret)}
 		})
 	}
 	if err != nil {
@@ -66,16 +66,16 @@ func (s *Store) ImportImage(ctx context.Context, name, path, format string, size
 	return err
 }
 
-// qemuImg runs qemu-img with conn's image as the argument args(target)
-// places: the key goes in a secret object read from a private file, so
-// it never shows on a command line.
-func (s *Store) qemuImg(ctx context.Context, conn driver.VolumeConn, args func(target string) []string) error {
+// qemuImg runs qemu-img with the arguments args(secret), where secret
+// is the id of an object holding key: the key goes in a secret object
+// read from a private file, so it never shows on a command line.
+func (s *Store) qemuImg(ctx context.Context, key string, args func(secret string) []string) error {
 	f, err := os.CreateTemp("", "nimbus-rbd-key-")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(f.Name())
-	_, err = f.WriteString(conn.Key)
+	_, err = f.WriteString(key)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -84,7 +84,7 @@ func (s *Store) qemuImg(ctx context.Context, conn driver.VolumeConn, args func(t
 	}
 	const secret = "rbdkey"
 	// qemu-img takes --object after its subcommand.
-	a := args(ImageOpts(conn, secret))
+	a := args(secret)
 	a = append([]string{a[0], "--object", SecretObject(secret, f.Name())}, a[1:]...)
 	_, err = s.run(ctx, cmd{name: "qemu-img", args: a, long: true})
 	return err
@@ -137,6 +137,37 @@ func splitHostPort(a string) (host, port string) {
 // optEscape doubles commas, QEMU's option-string quoting.
 func optEscape(v string) string { return strings.ReplaceAll(v, ",", ",,") }
 
+// Copy writes image (at snap, if not "") over dest in store to, from
+// its start, zeroes included (Cinder's full backup restore): qemu-img
+// converts through librbd, so dest keeps any snapshots of its own. dest
+// must be at least as large; both stores must be the same cluster's,
+// reached as the same client (InPool).
+func (s *Store) Copy(ctx context.Context, image, snap string, to *Store, dest string) error {
+	if snap != "" {
+		if err := checkSnap(snap); err != nil {
+			return err
+		}
+	}
+	src, err := s.Conn(ctx, image)
+	if err != nil {
+		return err
+	}
+	dst, err := to.Conn(ctx, dest)
+	if err != nil {
+		return err
+	}
+	if dst.SizeBytes < src.SizeBytes {
+		return fmt.Errorf("rbd: %s is %d bytes, smaller than %s's %d: %w", dest, dst.SizeBytes, image, src.SizeBytes, ErrInvalid)
+	}
+	return s.qemuImg(ctx, dst.Key, func(secret string) []string {
+		from := ImageOpts(src, secret)
+		if snap != "" {
+			from += ",file.snapshot=" + optEscape(snap)
+		}
+		return []string{"convert", "-n", "--image-opts", from, "--target-image-opts", ImageOpts(dst, secret)}
+	})
+}
+
 // Export writes the image (at snap, if not "") to w as raw data.
 func (s *Store) Export(ctx context.Context, image, snap string, w io.Writer) error {
 	if err := checkImage(image); err != nil {
@@ -148,6 +179,21 @@ func (s *Store) Export(ctx context.Context, image, snap string, w io.Writer) err
 		}
 	}
 	_, err := s.run(ctx, cmd{name: "rbd", args: s.rbdArgs("export", "--no-progress", s.spec(image, snap), "-"), long: true, stdout: w})
+	return err
+}
+
+// ExportFile writes the image (at snap, if not "") to a new file at
+// path as raw data, sparse: rbd leaves zeroed extents as holes.
+func (s *Store) ExportFile(ctx context.Context, image, snap, path string) error {
+	if err := checkImage(image); err != nil {
+		return err
+	}
+	if snap != "" {
+		if err := checkSnap(snap); err != nil {
+			return err
+		}
+	}
+	_, err := s.run(ctx, cmd{name: "rbd", args: s.rbdArgs("export", "--no-progress", s.spec(image, snap), path), long: true})
 	return err
 }
 

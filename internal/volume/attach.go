@@ -347,18 +347,9 @@ func (s *Service) connect(ctx context.Context, a *attRow, host string) (driver.V
 	}
 	ro := a.Mode == "ro" || v.AdminMetadata["readonly"] == "True"
 	vol := driver.Volume{ID: v.ID, Device: a.Device, ReadOnly: ro, Throttle: driverThrottle(qos)}
-	exported := false
-	if s.isLocal(host) {
-		vol.Conn = driver.VolumeConn{Driver: driver.VolumeFile, Path: s.dataPath(v.ID)}
-	} else {
-		if s.exporter == nil {
-			return driver.Volume{}, invalidVolume("Volume %s can only be attached on the storage node's hosts %q: this cloud has no block export for host %q.",
-				v.ID, *s.local.Load(), host)
-		}
-		if vol.Conn, err = s.exporter.Export(ctx, exportName(a.ID), s.dataPath(v.ID), ro); err != nil {
-			return driver.Volume{}, fmt.Errorf("volume: exporting %s for %s: %w", v.ID, host, err)
-		}
-		exported = true
+	var exported bool
+	if vol.Conn, exported, err = s.backend.conn(ctx, a, v, host, ro); err != nil {
+		return driver.Volume{}, err
 	}
 	vol.Conn.SizeBytes = v.Size << 30
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {

@@ -777,19 +777,19 @@ func (s *Service) processBackup(ctx context.Context, id string) error {
 	}
 	switch b.Status {
 	case backupCreating:
-		m, werr := s.backupStore.Create(b.ID, b.ParentID, s.dataPath(b.VolumeID))
+		objects, werr := s.backend.backup(ctx, b)
 		if ctx.Err() != nil {
 			return nil
 		}
-		return s.finishCreate(ctx, b, m, werr)
+		return s.finishCreate(ctx, b, objects, werr)
 	case backupRestoring:
-		werr := s.restoreData(b)
+		werr := s.backend.restore(ctx, b)
 		if ctx.Err() != nil {
 			return nil
 		}
 		return s.finishRestore(ctx, b, werr)
 	case backupDeleting:
-		if werr := s.backupStore.Delete(b.ID); werr != nil {
+		if werr := s.backend.deleteBackup(ctx, b); werr != nil {
 			s.log.Error("volume: deleting backup data failed", "backup", b.ID, "error", werr)
 			b.FailReason = werr.Error()
 			return s.recordBackup(ctx, b, func(tx *store.Tx) error {
@@ -808,13 +808,13 @@ func (s *Service) processBackup(ctx context.Context, id string) error {
 // finishCreate records a backup's copy: available with its object count,
 // or error with the reason (unless an admin reset it meanwhile); its
 // volume returns to the status it had either way.
-func (s *Service) finishCreate(ctx context.Context, b *bkRow, m *Manifest, werr error) error {
+func (s *Service) finishCreate(ctx context.Context, b *bkRow, objects int64, werr error) error {
 	status := backupAvailable
 	if werr != nil {
 		s.log.Error("volume: backup failed", "backup", b.ID, "error", werr)
 		status, b.FailReason = backupError, werr.Error()
 	} else {
-		b.ObjectCount = int64(m.Stored)
+		b.ObjectCount = objects
 	}
 	return s.recordBackup(ctx, b, func(tx *store.Tx) error {
 		if _, err := s.setBackupStatus(ctx, tx, b, status, backupCreating); err != nil {

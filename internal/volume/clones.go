@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -45,7 +44,7 @@ func (s *Service) processSnapshot(ctx context.Context, id string) error {
 	}
 	switch sn.Status {
 	case SnapCreating:
-		werr := s.takeSnapshot(ctx, sn)
+		werr := s.backend.createSnapshot(ctx, sn)
 		if ctx.Err() != nil {
 			return nil // stopped: the next start resumes it
 		}
@@ -63,8 +62,8 @@ func (s *Service) processSnapshot(ctx context.Context, id string) error {
 		}
 	case SnapDeleting:
 		err := s.removeSnapshot(ctx, sn)
-		var pe *fs.PathError
-		if err != nil && !errors.As(err, &pe) && ctx.Err() == nil {
+		var de *dataError
+		if err != nil && !errors.As(err, &de) && ctx.Err() == nil {
 			return err
 		}
 	}
@@ -84,25 +83,37 @@ func (s *Service) takeSnapshot(ctx context.Context, sn *snapRow) error {
 	return copyFile(ctx, s.dataPath(sn.VolumeID), path, sn.Size<<30)
 }
 
-// removeSnapshot removes a deleting snapshot's file, then its row. A file
-// that cannot be removed puts the snapshot in error_deleting, and is the
-// error returned (an *fs.PathError).
+// removeSnapshot removes a deleting snapshot's data, then its row. Data
+// that cannot be removed puts the snapshot in error_deleting, or back in
+// available when volumes made from it depend on it (Cinder's manager on
+// SnapshotIsBusy), and is the error returned (a *dataError).
 func (s *Service) removeSnapshot(ctx context.Context, sn *snapRow) error {
-	if err := os.Remove(s.snapPath(sn.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := s.backend.deleteSnapshot(ctx, sn); err != nil {
 		s.log.Error("volume: removing snapshot data failed", "snapshot", sn.ID, "error", err)
+		status := SnapErrorDeleting
+		if errors.Is(err, errSnapshotBusy) {
+			status = SnapAvailable
+		}
 		if rerr := s.db.Tx(ctx, func(tx *store.Tx) error {
-			_, err := s.setSnapStatus(ctx, tx, sn, SnapErrorDeleting, err.Error(), SnapDeleting)
+			_, err := s.setSnapStatus(ctx, tx, sn, status, err.Error(), SnapDeleting)
 			return err
 		}); rerr != nil {
 			return rerr
 		}
-		return err
+		return &dataError{err}
 	}
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
 		_, err := tx.Exec(ctx, "DELETE FROM volume_snapshots WHERE id = ? AND status = ?", sn.ID, SnapDeleting)
 		return err
 	})
 }
+
+// dataError is a failure of the data work that is recorded in the row's
+// status: the queue does not retry it.
+type dataError struct{ err error }
+
+func (e *dataError) Error() string { return e.err.Error() }
+func (e *dataError) Unwrap() error { return e.err }
 
 // copyFile copies src to dst through a temporary file renamed into place,
 // so that a file at dst is always whole: a reflink (FICLONE) where the

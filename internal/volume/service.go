@@ -1,9 +1,9 @@
 // Package volume is Nimbus's Cinder v3 block storage: volumes (the
-// "network disk") as sparse raw files in the data directory, volume types,
-// per-project quotas and limits, and the usage periods billing charges
-// volumes from.
+// "network disk") as sparse raw files in the data directory or as RBD
+// images in a Ceph pool (backend.go), volume types, per-project quotas
+// and limits, and the usage periods billing charges volumes from.
 //
-// A volume's row is its desired state and its file the real one. Creating,
+// A volume's row is its desired state and its data the real one. Creating,
 // extending and deleting answer 202 at once, as Cinder does; the data work
 // runs after the transaction commits (worker.go) and moves the volume from
 // creating, extending or deleting to available (or error, or gone). Work
@@ -23,6 +23,7 @@ import (
 
 	"nimbus/internal/api"
 	"nimbus/internal/image"
+	"nimbus/internal/rbd"
 	"nimbus/internal/store"
 	"nimbus/internal/workqueue"
 )
@@ -67,6 +68,13 @@ type Config struct {
 	// Extender is told when an in-use volume grew (nil: extending an
 	// in-use volume is refused); SetExtender sets it later.
 	Extender Extender
+	// RBD, when set, keeps the volumes as RBD images in its pool, with
+	// RBD's own snapshots and clones, and RBDBackups (another pool of the
+	// same cluster, reached as the same client) the backups: the rbd
+	// backend (backend_rbd.go). Every host then opens volumes with
+	// QEMU's rbd driver; LocalHosts and Exporter are not used. Nil: the
+	// file backend, volumes as files in DataDir.
+	RBD, RBDBackups *rbd.Store
 }
 
 // SpendGate is what volumes ask before a project starts or raises a charge
@@ -94,6 +102,8 @@ type Service struct {
 	stop  context.CancelFunc
 	queue *workqueue.Queue // data work by volume id (worker.go)
 
+	backend backend // where the data lives (backend.go)
+
 	backupStore *BackupStore     // backups.go
 	backupQueue *workqueue.Queue // backup work by backup id
 }
@@ -103,6 +113,11 @@ func New(cfg Config) *Service {
 	s := &Service{db: cfg.DB, dataDir: cfg.DataDir, images: cfg.Images, log: cfg.Log, now: cfg.Now, qemuImg: cfg.QemuImg,
 		gate: cfg.Billing, exporter: cfg.Exporter, extender: cfg.Extender}
 	s.SetLocalHosts(cfg.LocalHosts)
+	s.backend = fileBackend{s}
+	if cfg.RBD != nil {
+		s.backend = &rbdBackend{s: s, vols: cfg.RBD, backups: cfg.RBDBackups}
+		s.exporter = nil // every host opens the images itself
+	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

@@ -198,7 +198,11 @@ func (s *Service) copyToImage(ctx context.Context, v *volRow, id string) error {
 	default:
 		return fmt.Errorf("image %s is %s: an upload stopped half-way", id, img.Status)
 	}
-	src := s.dataPath(v.ID)
+	src, done, err := s.backend.readFile(ctx, v.ID)
+	if err != nil {
+		return err
+	}
+	defer done()
 	if img.DiskFormat == "raw" {
 		f, err := os.Open(src)
 		if err != nil {

@@ -37,8 +37,8 @@ type env struct {
 	demoProj, adPrj string
 }
 
-func newEnv(t *testing.T, dbURL string) *env {
-	c := testenv.StartCloud(t, dbURL)
+func newEnv(t *testing.T, dbURL string, opts ...testenv.Options) *env {
+	c := testenv.StartCloud(t, dbURL, opts...)
 	e := &env{c: c, http: testenv.HTTPClient(t, c)}
 	var err error
 	e.demoPC = testenv.Provider(t, c, cloud.DemoUser)

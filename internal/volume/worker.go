@@ -65,10 +65,10 @@ func (s *Service) Close() {
 // kick runs the data work volume id's status asks for, in the background.
 func (s *Service) kick(id string) { s.queue.Add(id) }
 
-// process does what a volume's status asks: make its file (creating), grow
-// it (extending) or remove it and the row (deleting), then records the
-// outcome in one transaction. It is idempotent; an error (the store
-// failed) asks the queue to try again later.
+// process does what a volume's status asks: make its data (creating), grow
+// it (extending) or remove it and the row (deleting) through the backend,
+// then records the outcome in one transaction. It is idempotent; an error
+// (the store failed) asks the queue to try again later.
 func (s *Service) process(ctx context.Context, id string) error {
 	if sid, ok := strings.CutPrefix(id, snapKey); ok {
 		return s.processSnapshot(ctx, sid)
@@ -83,21 +83,21 @@ func (s *Service) process(ctx context.Context, id string) error {
 	}
 	switch v.Status {
 	case StatusCreating:
-		werr := s.makeData(ctx, v)
+		werr := s.backend.makeVolume(ctx, v)
 		if ctx.Err() != nil {
 			return nil // stopped: the next start resumes it
 		}
 		return s.finish(ctx, v, werr, StatusCreating, func() { v.Status = StatusAvailable })
 	case StatusExtending:
-		return s.finishExtend(ctx, v, s.grow(v.ID, v.NewSize)) // attach.go: in-use volumes stay in-use
+		return s.finishExtend(ctx, v, s.backend.extend(ctx, v.ID, v.NewSize)) // attach.go: in-use volumes stay in-use
 	case StatusUploading:
 		return s.finishUpload(ctx, v) // upload.go
 	case StatusDeleting:
 		err := s.removeSnapshotsOf(ctx, v.ID) // a cascade's
 		if err == nil {
-			err = os.Remove(s.dataPath(v.ID))
+			err = s.backend.deleteVolume(ctx, v.ID)
 		}
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err != nil {
 			s.log.Error("volume: removing data failed", "volume", v.ID, "error", err)
 			return s.record(ctx, v, func(q store.Querier) error {
 				_, err := s.setStatus(ctx, q, v, StatusErrorDeleting, err.Error(), StatusDeleting)
@@ -185,24 +185,9 @@ func (s *Service) makeData(ctx context.Context, v *volRow) error {
 // reading it in the format its record names (never probing: a raw image
 // that looks like qcow2 must not reach host files through a backing file).
 func (s *Service) copyImage(ctx context.Context, v *volRow, dst string) error {
-	if s.images == nil {
-		return errors.New("no image service")
-	}
-	format := qemuFormat(v.ImageMetadata["disk_format"])
-	src := s.images.DataPath(v.ImageID)
-	if format == "" || src == "" {
-		return fmt.Errorf("image %s cannot be copied to a volume", v.ImageID)
-	}
-	bin, err := s.qemuImgPath()
+	bin, src, format, err := s.imageSource(ctx, v)
 	if err != nil {
-		return fmt.Errorf("qemu-img: %w", err)
-	}
-	vsize, err := inspectImage(ctx, bin, format, src)
-	if err != nil {
-		return fmt.Errorf("image %s cannot be copied to a volume: %w", v.ImageID, err)
-	}
-	if vsize > v.Size<<30 {
-		return fmt.Errorf("image %s is %d bytes, larger than the volume's %d GiB", v.ImageID, vsize, v.Size)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, convertTimeout)
 	defer cancel()
@@ -224,6 +209,31 @@ func (s *Service) copyImage(ctx context.Context, v *volRow, dst string) error {
 		return fmt.Errorf("image %s is %d bytes, larger than the volume's %d GiB", v.ImageID, fi.Size(), v.Size)
 	}
 	return nil
+}
+
+// imageSource is the file of volume v's image and its qemu-img format,
+// once inspectImage has found it safe to convert and no larger than the
+// volume; and the qemu-img that inspected it.
+func (s *Service) imageSource(ctx context.Context, v *volRow) (bin, src, format string, err error) {
+	if s.images == nil {
+		return "", "", "", errors.New("no image service")
+	}
+	format = qemuFormat(v.ImageMetadata["disk_format"])
+	src = s.images.DataPath(v.ImageID)
+	if format == "" || src == "" {
+		return "", "", "", fmt.Errorf("image %s cannot be copied to a volume", v.ImageID)
+	}
+	if bin, err = s.qemuImgPath(); err != nil {
+		return "", "", "", fmt.Errorf("qemu-img: %w", err)
+	}
+	vsize, err := inspectImage(ctx, bin, format, src)
+	if err != nil {
+		return "", "", "", fmt.Errorf("image %s cannot be copied to a volume: %w", v.ImageID, err)
+	}
+	if vsize > v.Size<<30 {
+		return "", "", "", fmt.Errorf("image %s is %d bytes, larger than the volume's %d GiB", v.ImageID, vsize, v.Size)
+	}
+	return bin, src, format, nil
 }
 
 // inspectTimeout bounds reading an image's headers; convertTimeout a whole
