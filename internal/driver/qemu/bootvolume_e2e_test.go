@@ -1,0 +1,188 @@
+package qemu_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"nimbus/internal/driver"
+	"nimbus/internal/driver/qemu"
+	"nimbus/internal/testenv"
+)
+
+// guestVolume makes a raw volume file in dir from the test guest's disk
+// (its boot loader, kernel and root file system), with marker in the
+// unused sector before its first partition.
+func guestVolume(t *testing.T, dir, marker string) string {
+	t.Helper()
+	guest := testenv.TestGuest(t)
+	path := filepath.Join(dir, "root.raw")
+	if out, err := exec.Command("qemu-img", "convert", "-O", "raw", guest.Disk, path).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img convert: %v: %s", err, out)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte(marker), markerSector*512); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// markerSector is the last sector before the guest disk's first
+// partition (at 1 MiB), which nothing uses.
+const markerSector = 2047
+
+// TestBootFromVolume boots the test guest from a raw volume file (the
+// file connection, throttled) with no image and no local disk: the guest
+// reads the marker written into the file before the boot, its root file
+// system is the volume's (a file it writes is in the volume's file on the
+// host after power-off), the volume cannot be detached; after a stop, a
+// new driver on the same data directory (an agent restart: state.json)
+// starts it again from the volume with the file there; destroy (as
+// shelve-offload does) leaves the volume's data, and a spawn on another
+// host (unshelve) boots the same volume over NBD with TLS-PSK.
+func TestBootFromVolume(t *testing.T) {
+	qemu.NeedQEMU(t)
+	ctx := context.Background()
+	guest := testenv.TestGuest(t)
+	signer, authorized := testenv.NewSSHKey(t)
+	marker := "nimbus-boot-volume-" + uuid.NewString()[:8]
+	volFile := guestVolume(t, t.TempDir(), marker)
+	dataDir, other := t.TempDir(), t.TempDir() // this host, another one
+	d, _ := qemu.NewGuestDriver(t, dataDir, guest.Disk, guest.Kernel, guest.Initrd, guest.Cmdline)
+	defer func() { d.Close() }()
+
+	id := uuid.NewString()
+	root := driver.Volume{ID: uuid.NewString(), Boot: true, Device: "/dev/vda",
+		Conn:     driver.VolumeConn{Driver: driver.VolumeFile, Path: volFile},
+		Throttle: driver.Throttle{ReadIOPS: 5000, WriteIOPS: 5000}}
+	spec := driver.Spec{
+		ServerID: id, Name: "bfv", Hostname: "bfv", ProjectID: "p", VCPUs: 1, MemoryMB: 256,
+		OSType: "linux", KeyName: "k", PublicKey: authorized, Volumes: []driver.Volume{root},
+		Ports: []driver.Port{{ID: "port-1", MAC: "52:54:00:12:34:58", IP: "10.0.0.6", CIDR: "10.0.0.0/24", Gateway: "10.0.0.1"}},
+	}
+	defer d.Destroy(ctx, id)
+	g := &volumeGuest{d: d, id: id, dir: filepath.Join(dataDir, "instances", id), signer: signer}
+	defer func() {
+		if g.client != nil {
+			g.client.Close()
+		}
+	}()
+	step := func(name string, f func(t *testing.T)) {
+		if !t.Run(name, f) {
+			t.FailNow()
+		}
+	}
+	written := "written-in-the-guest-" + uuid.NewString()[:8]
+
+	step("spawn from the volume", func(t *testing.T) {
+		start := time.Now()
+		if err := d.Spawn(ctx, spec); err != nil {
+			t.Fatalf("Spawn: %v", err)
+		}
+		g.connect(t)
+		t.Logf("spawn → SSH: %v", time.Since(start))
+		if _, err := os.Stat(filepath.Join(g.dir, "disk.qcow2")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the server has a local disk: %v", err)
+		}
+		dev := g.disk(t, root.ID)
+		if dev == "" {
+			t.Fatalf("no disk with the volume's serial; disks: %s", g.run(t, "ls /sys/block"))
+		}
+		if got := g.run(t, fmt.Sprintf("dd if=/dev/%s bs=512 skip=%d count=1 2>/dev/null | head -c %d", dev, markerSector, len(marker))); got != marker {
+			t.Errorf("sector %d of %s: %q, want %q", markerSector, dev, got, marker)
+		}
+		// The root file system is on the volume's disk.
+		var major, minor int
+		part := g.run(t, fmt.Sprintf("cat /sys/block/%s/%s2/dev", dev, dev))
+		if _, err := fmt.Sscanf(part, "%d:%d", &major, &minor); err != nil {
+			t.Fatalf("%s2: dev %q: %v", dev, part, err)
+		}
+		if got, want := g.run(t, "stat -c %d /"), strconv.Itoa(major<<8|minor); got != want {
+			t.Errorf("/ is on device %s, not on %s2 (%s)", got, dev, want)
+		}
+		g.run(t, "echo "+written+" > /root/bfv && sync")
+	})
+	step("the boot volume cannot be detached", func(t *testing.T) {
+		if err := d.DetachVolume(ctx, id, root.ID); !errors.Is(err, qemu.ErrBootVolume) {
+			t.Errorf("DetachVolume: %v", err)
+		}
+		if dev := g.disk(t, root.ID); dev == "" {
+			t.Error("the disk is gone")
+		}
+	})
+	step("stop", func(t *testing.T) {
+		if err := d.PowerOff(ctx, id, true); err != nil {
+			t.Fatalf("PowerOff: %v", err)
+		}
+		b, err := os.ReadFile(volFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(b, []byte(written)) {
+			t.Error("the file the guest wrote is not in the volume's file")
+		}
+	})
+	step("start after an agent restart", func(t *testing.T) {
+		d.Close()
+		d, _ = qemu.NewGuestDriver(t, dataDir, guest.Disk, guest.Kernel, guest.Initrd, guest.Cmdline)
+		g.d = d
+		start := time.Now()
+		if err := d.PowerOn(ctx, id); err != nil {
+			t.Fatalf("PowerOn: %v", err)
+		}
+		g.connect(t)
+		t.Logf("power on → SSH: %v", time.Since(start))
+		if got := g.run(t, "cat /root/bfv"); got != written {
+			t.Errorf("/root/bfv = %q, want %q", got, written)
+		}
+	})
+	step("destroy (shelve-offload) leaves the volume", func(t *testing.T) {
+		if err := d.Destroy(ctx, id); err != nil {
+			t.Fatalf("Destroy: %v", err)
+		}
+		b, err := os.ReadFile(volFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(b, []byte(marker)) || !bytes.Contains(b, []byte(written)) {
+			t.Error("the volume's data changed")
+		}
+	})
+	step("unshelve on another host over NBD", func(t *testing.T) {
+		if _, err := exec.LookPath("qemu-storage-daemon"); err != nil {
+			t.Skip("qemu-storage-daemon is not installed")
+		}
+		d.Close()
+		d, _ = qemu.NewGuestDriver(t, other, guest.Disk, guest.Kernel, guest.Initrd, guest.Cmdline)
+		g.d, g.dir = d, filepath.Join(other, "instances", id)
+		identity, key := "nimbus-bfv", "8a1f0c2e4b6d8f0a1c3e5b7d9f1a3c5e"
+		port := serveNBD(t, volFile, identity, key)
+		spec.Volumes = []driver.Volume{{ID: root.ID, Boot: true, Throttle: root.Throttle, Conn: driver.VolumeConn{
+			Driver: driver.VolumeNBD, Host: "127.0.0.1", Port: port, Export: "vol", PSKIdentity: identity, PSKKey: key}}}
+		start := time.Now()
+		if err := d.Spawn(ctx, spec); err != nil {
+			t.Fatalf("Spawn: %v", err)
+		}
+		g.connect(t)
+		t.Logf("spawn over NBD → SSH: %v", time.Since(start))
+		if got := g.run(t, "cat /root/bfv"); got != written {
+			t.Errorf("/root/bfv = %q, want %q", got, written)
+		}
+		if err := d.Destroy(ctx, id); err != nil {
+			t.Fatalf("Destroy: %v", err)
+		}
+	})
+}
