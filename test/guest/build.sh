@@ -5,7 +5,7 @@
 #
 #   test/guest/build.sh [OUTDIR]
 #
-# OUTDIR defaults to $NIMBUS_CACHE/test-guest-v1, where NIMBUS_CACHE
+# OUTDIR defaults to $NIMBUS_CACHE/test-guest-v2, where NIMBUS_CACHE
 # defaults to ${XDG_CACHE_HOME:-$HOME/.cache}/nimbus. It gets:
 #   guest.qcow2  MBR + syslinux; p1 FAT16 "BOOT" (vmlinuz, initrd.img,
 #                syslinux.cfg), p2 ext4 "root" (with a journal)
