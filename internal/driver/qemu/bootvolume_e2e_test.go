@@ -186,3 +186,66 @@ func TestBootFromVolume(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkBootVolumeShelve measures what a 20 GiB network-disk server's
+// shelve-offload and unshelve cost on the hosts: Destroy of the running
+// server (offload-ms: nothing of its disk is copied or uploaded) and a
+// Spawn on another host with a new connection until SSH answers
+// (unshelve-ms, a boot included). Neither depends on the volume's size.
+// Skipped without QEMU.
+func BenchmarkBootVolumeShelve(b *testing.B) {
+	for _, tool := range []string{"qemu-system-x86_64", "qemu-img"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			b.Skipf("%s is not installed", tool)
+		}
+	}
+	ctx := context.Background()
+	guest := testenv.TestGuest(b)
+	signer, authorized := testenv.NewSSHKey(b)
+	path := filepath.Join(b.TempDir(), "root.raw")
+	if out, err := exec.Command("qemu-img", "convert", "-O", "raw", guest.Disk, path).CombinedOutput(); err != nil {
+		b.Fatalf("qemu-img convert: %v: %s", err, out)
+	}
+	if err := os.Truncate(path, 20<<30); err != nil { // sparse
+		b.Fatal(err)
+	}
+	hosts := []string{b.TempDir(), b.TempDir()}
+	drivers := make([]*qemu.Driver, len(hosts))
+	for i, dir := range hosts {
+		drivers[i], _ = qemu.NewGuestDriver(b, dir, guest.Disk, guest.Kernel, guest.Initrd, guest.Cmdline)
+		defer drivers[i].Close()
+	}
+	id := uuid.NewString()
+	spec := driver.Spec{
+		ServerID: id, Name: "shelve", Hostname: "shelve", ProjectID: "p", VCPUs: 1, MemoryMB: 256, DiskGB: 20,
+		OSType: "linux", KeyName: "k", PublicKey: authorized,
+		Volumes: []driver.Volume{{ID: uuid.NewString(), Boot: true, Conn: driver.VolumeConn{Driver: driver.VolumeFile, Path: path, SizeBytes: 20 << 30}}},
+	}
+	boot := func(d *qemu.Driver, dir string) {
+		if err := d.Spawn(ctx, spec); err != nil {
+			b.Fatalf("Spawn: %v", err)
+		}
+		g := &volumeGuest{d: d, id: id, dir: filepath.Join(dir, "instances", id), signer: signer}
+		g.connect(b)
+		g.client.Close()
+	}
+	boot(drivers[0], hosts[0])
+	on := 0
+	var offload, unshelve time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		if err := drivers[on].Destroy(ctx, id); err != nil {
+			b.Fatalf("Destroy: %v", err)
+		}
+		offload += time.Since(t0)
+		on = 1 - on
+		t0 = time.Now()
+		boot(drivers[on], hosts[on])
+		unshelve += time.Since(t0)
+	}
+	b.StopTimer()
+	drivers[on].Destroy(ctx, id)
+	b.ReportMetric(float64(offload.Milliseconds())/float64(b.N), "offload-ms")
+	b.ReportMetric(float64(unshelve.Milliseconds())/float64(b.N), "unshelve-ms")
+}
