@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"nimbus/internal/blockexport"
 	"nimbus/internal/driver"
 	"nimbus/internal/driver/qemu"
 	"nimbus/internal/testenv"
@@ -50,9 +53,11 @@ const markerSector = 2047
 // system is the volume's (a file it writes is in the volume's file on the
 // host after power-off), the volume cannot be detached; after a stop, a
 // new driver on the same data directory (an agent restart: state.json)
-// starts it again from the volume with the file there; destroy (as
+// starts it again from the volume with the file there, as do a hard
+// reboot and a resize (to two vCPUs) of the running server; destroy (as
 // shelve-offload does) leaves the volume's data, and a spawn on another
-// host (unshelve) boots the same volume over NBD with TLS-PSK.
+// host (unshelve) boots the same volume over NBD with TLS-PSK from its
+// export (internal/blockexport).
 func TestBootFromVolume(t *testing.T) {
 	qemu.NeedQEMU(t)
 	ctx := context.Background()
@@ -84,6 +89,12 @@ func TestBootFromVolume(t *testing.T) {
 		if !t.Run(name, f) {
 			t.FailNow()
 		}
+	}
+	// newDriver is an agent (re)started on a host's data directory, for
+	// the whole test (a subtest's driver kills its QEMUs when it ends).
+	newDriver := func(dir string) *qemu.Driver {
+		d, _ := qemu.NewGuestDriver(t, dir, guest.Disk, guest.Kernel, guest.Initrd, guest.Cmdline)
+		return d
 	}
 	written := "written-in-the-guest-" + uuid.NewString()[:8]
 
@@ -137,7 +148,7 @@ func TestBootFromVolume(t *testing.T) {
 	})
 	step("start after an agent restart", func(t *testing.T) {
 		d.Close()
-		d, _ = qemu.NewGuestDriver(t, dataDir, guest.Disk, guest.Kernel, guest.Initrd, guest.Cmdline)
+		d = newDriver(dataDir)
 		g.d = d
 		start := time.Now()
 		if err := d.PowerOn(ctx, id); err != nil {
@@ -147,6 +158,36 @@ func TestBootFromVolume(t *testing.T) {
 		t.Logf("power on → SSH: %v", time.Since(start))
 		if got := g.run(t, "cat /root/bfv"); got != written {
 			t.Errorf("/root/bfv = %q, want %q", got, written)
+		}
+	})
+	step("hard reboot boots the volume again", func(t *testing.T) {
+		before := g.run(t, "cat /proc/sys/kernel/random/boot_id")
+		if err := d.Reboot(ctx, id, true); err != nil {
+			t.Fatalf("Reboot: %v", err)
+		}
+		g.connect(t)
+		if after := g.run(t, "cat /proc/sys/kernel/random/boot_id"); after == before {
+			t.Error("the guest did not reboot")
+		}
+		if got := g.run(t, "cat /root/bfv"); got != written {
+			t.Errorf("/root/bfv = %q, want %q", got, written)
+		}
+	})
+	step("resize keeps the boot volume", func(t *testing.T) {
+		resized := spec
+		resized.VCPUs, resized.DiskGB = 2, 40
+		if err := d.Resize(ctx, resized); err != nil {
+			t.Fatalf("Resize: %v", err)
+		}
+		g.connect(t)
+		if got := g.run(t, "nproc"); got != "2" {
+			t.Errorf("nproc %s after the resize", got)
+		}
+		if got := g.run(t, "cat /root/bfv"); got != written {
+			t.Errorf("/root/bfv = %q, want %q", got, written)
+		}
+		if err := d.ConfirmResize(ctx, id); err != nil {
+			t.Fatalf("ConfirmResize: %v", err)
 		}
 	})
 	step("destroy (shelve-offload) leaves the volume", func(t *testing.T) {
@@ -166,12 +207,18 @@ func TestBootFromVolume(t *testing.T) {
 			t.Skip("qemu-storage-daemon is not installed")
 		}
 		d.Close()
-		d, _ = qemu.NewGuestDriver(t, other, guest.Disk, guest.Kernel, guest.Initrd, guest.Cmdline)
+		d = newDriver(other)
 		g.d, g.dir = d, filepath.Join(other, "instances", id)
-		identity, key := "nimbus-bfv", "8a1f0c2e4b6d8f0a1c3e5b7d9f1a3c5e"
-		port := serveNBD(t, volFile, identity, key)
-		spec.Volumes = []driver.Volume{{ID: root.ID, Boot: true, Throttle: root.Throttle, Conn: driver.VolumeConn{
-			Driver: driver.VolumeNBD, Host: "127.0.0.1", Port: port, Export: "vol", PSKIdentity: identity, PSKKey: key}}}
+		exp, err := blockexport.New(blockexport.Config{Dir: t.TempDir(), Addr: "127.0.0.1", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer exp.Close()
+		conn, err := exp.Export(ctx, "root", volFile, false)
+		if err != nil {
+			t.Fatalf("Export: %v", err)
+		}
+		spec.Volumes = []driver.Volume{{ID: root.ID, Boot: true, Throttle: root.Throttle, Conn: conn}}
 		start := time.Now()
 		if err := d.Spawn(ctx, spec); err != nil {
 			t.Fatalf("Spawn: %v", err)
