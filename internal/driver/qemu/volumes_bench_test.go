@@ -140,7 +140,7 @@ func median(xs []float64) float64 {
 // disks, measured in turns (rounds of NIMBUS_BENCH_SECONDS, default 2 s,
 // five of each at queue depth 4) so that the load of a shared machine
 // weighs on both alike; and (c) the file with a QoS throttle of 300 read
-// and 200 write IOPS (10 s at queue depth 8). It reports each one's
+// and 200 write IOPS (10 s at queue depth 32). It reports each one's
 // median iops, the NBD's pct-of-local (the median of the rounds' ratios;
 // target ≥ 70) and the throttled pct-of-limit, which must be within 5 %
 // of 100. Skipped without QEMU.
@@ -226,8 +226,10 @@ func BenchmarkVolumeIOPS(b *testing.B) {
 			for range b.N {
 				// Long enough that the burst the throttle's bucket lets
 				// through first (a tenth of a second's worth) weighs
-				// under 1 %, deep enough that the guest keeps it busy.
-				r := g.iobench(b, dev, mode, 8, 10*time.Second)
+				// under 1 %; deep enough that the throttle's queue does
+				// not run dry (a tenth of a second's worth, too) while
+				// a loaded host does not schedule the guest's vCPU.
+				r := g.iobench(b, dev, mode, 32, 10*time.Second)
 				b.Logf("%s", r.line)
 				got = append(got, r.iops)
 			}
