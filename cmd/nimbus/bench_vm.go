@@ -389,7 +389,7 @@ func loadGuest(dir string) (benchGuest, error) {
 			}
 			cache = filepath.Join(base, "nimbus")
 		}
-		dir = filepath.Join(cache, "test-guest-v1")
+		dir = filepath.Join(cache, "test-guest-v2")
 	}
 	g := benchGuest{disk: filepath.Join(dir, "guest.qcow2"), kernel: filepath.Join(dir, "vmlinuz"), initrd: filepath.Join(dir, "initrd.img")}
 	b, err := os.ReadFile(filepath.Join(dir, "cmdline"))

@@ -526,6 +526,10 @@ func (e *Exporter) listen(port int) (*net.TCPListener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("blockexport: %w", err)
 	}
+	if err := noDelay(ln.(*net.TCPListener)); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("blockexport: %w", err)
+	}
 	return ln.(*net.TCPListener), nil
 }
 

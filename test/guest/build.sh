@@ -5,15 +5,18 @@
 #
 #   test/guest/build.sh [OUTDIR]
 #
-# OUTDIR defaults to $NIMBUS_CACHE/test-guest-v1, where NIMBUS_CACHE
+# OUTDIR defaults to $NIMBUS_CACHE/test-guest-v2, where NIMBUS_CACHE
 # defaults to ${XDG_CACHE_HOME:-$HOME/.cache}/nimbus. It gets:
 #   guest.qcow2  MBR + syslinux; p1 FAT16 "BOOT" (vmlinuz, initrd.img,
 #                syslinux.cfg), p2 ext4 "root" (with a journal)
 #   vmlinuz, initrd.img   for direct kernel boot (-kernel/-initrd)
 #   cmdline      the kernel command line for direct kernel boot (-append)
 #   manifest     package versions and sizes
-#   stamp        hash of this script and rootfs/; the build is skipped when
-#                it matches
+#   stamp        hash of this script, rootfs/ and iobench/; the build is
+#                skipped when it matches
+# The guest's /usr/bin/iobench (4 KiB random I/O with O_DIRECT at a queue
+# depth, for the volume benchmarks) is built from iobench/ with the host's
+# Go toolchain (go, or $GO), static.
 # and the path of OUTDIR is printed on stdout. Downloaded .debs are kept in
 # $NIMBUS_CACHE/debs, so a rebuild needs no network.
 #
@@ -25,7 +28,7 @@
 # hide (the stamp already covers this script and rootfs/).
 set -euo pipefail
 
-GUEST_VERSION=v1
+GUEST_VERSION=v2
 # Kernel command line, for syslinux.cfg and the cmdline file.
 CMDLINE="root=LABEL=root console=ttyS0,115200 quiet"
 # Modules the initramfs loads to find the root disk (ext4 is built in).
@@ -52,7 +55,7 @@ inputs_hash() {
 	(
 		cd "$here"
 		sha256sum build.sh
-		find rootfs -type f -print0 | sort -z | xargs -0 -r sha256sum
+		find rootfs iobench -type f ! -name '*_test.go' -print0 | sort -z | xargs -0 -r sha256sum
 		echo "$GUEST_VERSION"
 	) | sha256sum | cut -d' ' -f1
 }
@@ -133,6 +136,11 @@ need modprobe kmod
 need gzip gzip
 need dpkg-deb dpkg
 need apt-get apt
+GO=${GO:-go}
+if ! command -v "$GO" >/dev/null; then
+	log "missing host tool: $GO (the Go toolchain, to build iobench/); set GO or put go on PATH"
+	exit 3
+fi
 if [ ${#missing[@]} -gt 0 ]; then
 	mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 	if ! can_admin; then
@@ -333,6 +341,10 @@ for b in usr/sbin/dropbear usr/bin/dropbearkey usr/bin/dbclient usr/bin/dropbear
 		fi
 	fi
 done
+
+# iobench, static (the guest has no C library for it).
+(cd "$here/iobench" && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 GOWORK=off GOFLAGS=-mod=readonly \
+	"$GO" build -trimpath -ldflags='-s -w' -o "$root/usr/bin/iobench" .) || die "cannot build iobench"
 
 # Kernel modules: what rcS loads (etc/modules.load) and the initramfs set,
 # with a modules.dep for busybox modprobe.

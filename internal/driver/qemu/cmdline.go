@@ -286,6 +286,12 @@ func Validate(m *Machine) error {
 		}
 	}
 	vols := map[string]bool{}
+	if err := checkBootVolume(m.Volumes); err != nil {
+		return err
+	}
+	if _, ok := bootVolume(m.Volumes); ok && (m.Disk.Path != "" || m.Kernel != "") {
+		return errors.New("qemu: a machine that boots from a volume has no boot disk nor kernel of its own")
+	}
 	for _, vol := range m.Volumes {
 		if err := validVolume(vol); err != nil {
 			return fmt.Errorf("qemu: %w", err)

@@ -668,8 +668,21 @@ func (d *Driver) create(ctx context.Context, v *vm, spec driver.Spec) error {
 	if img.ID == "" {
 		img.ID = spec.ImageID
 	}
+	if err := checkBootVolume(spec.Volumes); err != nil {
+		return err
+	}
+	if _, ok := bootVolume(spec.Volumes); ok {
+		st, err := d.createFromVolume(v, spec)
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(v.dir, 0o700); err != nil {
+			return err
+		}
+		return d.finishCreate(v, spec, img, st)
+	}
 	if img.ID == "" {
-		return errors.New("no image to boot from (the qemu driver boots from images only)")
+		return errors.New("no image nor boot volume to boot from")
 	}
 	if err := refusePlaceholder(img); err != nil {
 		return err
@@ -721,6 +734,12 @@ func (d *Driver) create(ctx context.Context, v *vm, spec driver.Spec) error {
 	if err := os.Rename(tmp, filepath.Join(v.dir, diskFile)); err != nil {
 		return err
 	}
+	return d.finishCreate(v, spec, img, st)
+}
+
+// finishCreate writes what every new server has beside its disk: the
+// seed, the UEFI variables, the forwarded ports, and then the record.
+func (d *Driver) finishCreate(v *vm, spec driver.Spec, img driver.ImageRef, st state) error {
 	windows := strings.EqualFold(spec.OSType, "windows")
 	if err := WriteSeed(filepath.Join(v.dir, seedFile), Seed{ConfigDrive: spec.ConfigDrive || windows, Spec: spec, Windows: windows}); err != nil {
 		return fmt.Errorf("seed: %w", err)
@@ -871,6 +890,9 @@ func (d *Driver) machine(id, dir string, st state, incoming string) (*Machine, e
 	}
 	if m.Name == "" {
 		m.Name = id
+	}
+	if _, ok := bootVolume(spec.Volumes); ok {
+		m.Disk = Disk{} // the boot volume is the disk
 	}
 	if d.runAs != nil {
 		m.RunAs = d.runAs.Username
@@ -1164,22 +1186,33 @@ func (d *Driver) Resize(ctx context.Context, spec driver.Spec) error {
 	if want == wantSuspended {
 		return fmt.Errorf("qemu: resize %s: the server is suspended", v.id)
 	}
+	v.mu.Lock()
+	vols, err := resizeVolumes(v.st.Spec.Volumes, spec.Volumes)
+	v.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("qemu: resize %s: %w", v.id, err)
+	}
+	_, fromVolume := bootVolume(vols)
 	p := v.current()
 	if p != nil {
 		if err := d.stop(ctx, v, p, true, d.cfg.ShutdownTimeout); err != nil {
 			return err
 		}
 	}
-	if err := d.swapDisk(v.dir, spec.Revert); err != nil {
-		return fmt.Errorf("qemu: resize %s: %w", v.id, err)
-	}
-	if _, err := d.growDisk(ctx, filepath.Join(v.dir, diskFile), int64(spec.DiskGB)<<30); err != nil {
-		return fmt.Errorf("qemu: resize %s: %w", v.id, err)
+	if !fromVolume {
+		// A boot volume is not the driver's to copy or grow.
+		if err := d.swapDisk(v.dir, spec.Revert); err != nil {
+			return fmt.Errorf("qemu: resize %s: %w", v.id, err)
+		}
+		if _, err := d.growDisk(ctx, filepath.Join(v.dir, diskFile), int64(spec.DiskGB)<<30); err != nil {
+			return fmt.Errorf("qemu: resize %s: %w", v.id, err)
+		}
 	}
 	v.mu.Lock()
 	st := v.st
 	img := st.Spec.Image
 	st.Spec = spec
+	st.Spec.Volumes = vols
 	st.Spec.Image = img // the disk already is what it is
 	st.Pinning = pinning(spec)
 	if p != nil {
@@ -1268,6 +1301,9 @@ func (d *Driver) Snapshot(ctx context.Context, id, imageID string) (int64, error
 		return 0, err
 	}
 	defer d.release(v)
+	if b, ok := v.bootVolume(); ok {
+		return 0, fmt.Errorf("qemu: snapshot %s: the server boots from volume %s (%w): snapshot the volume", id, b.ID, ErrBootVolume)
+	}
 	store := d.imageStore()
 	if store == nil {
 		return 0, fmt.Errorf("qemu: snapshot %s: no image store", id)

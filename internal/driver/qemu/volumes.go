@@ -151,6 +151,9 @@ func volumeSpec(dir string, vol driver.Volume, bus string) volumeParts {
 			"throttle-group": n.tg, "file": p.node}
 	}
 	p.device = map[string]any{"driver": "virtio-blk-pci", "id": n.dev, "drive": n.top, "serial": vol.ID}
+	if vol.Boot {
+		p.device["bootindex"] = 0
+	}
 	if bus != "" {
 		p.device["bus"] = bus
 	}
@@ -331,6 +334,9 @@ func (d *Driver) AttachVolume(ctx context.Context, id string, vol driver.Volume)
 	}
 	n := namesOf(vol.ID, throttled(vol.Throttle))
 	rec, had := v.volume(vol.ID)
+	if vol, err = attachBootFlag(id, vol, rec, had); err != nil {
+		return err
+	}
 	same := had && sameConn(v.dir, rec, vol)
 	if mon != nil {
 		plugged, err := hasDevice(ctx, mon, n.dev)
@@ -378,6 +384,9 @@ func (d *Driver) DetachVolume(ctx context.Context, id, volumeID string) error {
 	vol, ok := v.volume(volumeID)
 	if !ok {
 		return nil
+	}
+	if err := refuseBootVolumeDetach(id, vol); err != nil {
+		return err
 	}
 	if v.want() == wantSuspended {
 		// The saved state has the disk: the QEMU that resumes it must too.

@@ -122,7 +122,7 @@ func rawFile(t *testing.T, dir string, size int64) string {
 
 // TestVolumeHotplug boots the test guest once and takes volumes through
 // it: a throttled raw file plugged (twice: the second is a no-op), seen by
-// its serial, written with dd, grown with ExtendVolume, unplugged, its
+// its serial, written with dd, read by the guest's iobench, grown with ExtendVolume, unplugged, its
 // data on the host; the same data read back over NBD with TLS-PSK from a
 // qemu-storage-daemon (after an attempt with a wrong key that leaves
 // nothing behind); a read-only volume that refuses writes and that,
@@ -191,6 +191,13 @@ func TestVolumeHotplug(t *testing.T) {
 	})
 	step("write", func(t *testing.T) {
 		g.run(t, fmt.Sprintf("printf %%s %s > /tmp/p && dd if=/tmp/p of=/dev/%s bs=512 conv=sync,fsync 2>&1 && sync", pattern, dev))
+	})
+	step("iobench", func(t *testing.T) {
+		// The benchmarks' tool works in the guest (reads only: the
+		// pattern stays).
+		if r := g.iobench(t, dev, "randread", 2, time.Second); r.ops == 0 {
+			t.Errorf("iobench did nothing: %s", r.line)
+		}
 	})
 	step("extend", func(t *testing.T) {
 		if err := os.Truncate(fileVol.Conn.Path, 128<<20); err != nil {
