@@ -218,7 +218,13 @@ func (s *Service) imageSource(ctx context.Context, v *volRow) (bin, src, format 
 	if s.images == nil {
 		return "", "", "", errors.New("no image service")
 	}
-	format = qemuFormat(v.ImageMetadata["disk_format"])
+	// The format is the image record's, never the volume's image metadata,
+	// which its owner may change (os-set_image_metadata).
+	im, err := s.images.Get(ctx, v.ProjectID, true, v.ImageID)
+	if err != nil {
+		return "", "", "", fmt.Errorf("image %s: %w", v.ImageID, err)
+	}
+	format = qemuFormat(im.DiskFormat)
 	src = s.images.DataPath(v.ImageID)
 	if format == "" || src == "" {
 		return "", "", "", fmt.Errorf("image %s cannot be copied to a volume", v.ImageID)
