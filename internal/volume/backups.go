@@ -777,7 +777,12 @@ func (s *Service) processBackup(ctx context.Context, id string) error {
 	}
 	switch b.Status {
 	case backupCreating:
-		m, werr := s.backupStore.Create(b.ID, b.ParentID, s.dataPath(b.VolumeID))
+		src, release, werr := s.backupSource(ctx, b) // an in-use volume's temporary snapshot (livecopy.go)
+		var m *Manifest
+		if werr == nil {
+			m, werr = s.backupStore.Create(b.ID, b.ParentID, src)
+			release()
+		}
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -287,7 +287,7 @@ func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
 			valid = append(valid, "in-use")
 		}
 		if !contains(valid, v.Status) {
-			return invalidVolume("Volume %s status must be %s, but current status is: %s.", v.ID, strings.Join(valid, " or "), v.Status)
+			return invalidVolume("Volume %s status must be %s, but current status is: %s.", v.ID, strings.Join(valid, ", "), v.Status)
 		}
 		if err := s.reserveSnapshot(ctx, tx, v); err != nil {
 			return err
