@@ -5,6 +5,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -23,18 +24,19 @@ import (
 )
 
 // liveWriter is the guest's load on the volume's file system: generation
-// g is written in place into A, then into B, each a 4 KiB block synced
-// on its own, for ever; every 8th generation also writes a new file f<g>
-// and appends its md5 to sums (synced). A and B are made before and after
-// a 160 MiB filler, so they lie far apart on the disk: a copy of the disk
-// that is not one instant reads one of them long before the other, while
-// the guest wrote generations in between. So in a point-in-time copy A's
-// generation is B's or one more, and every file sums lists is whole.
+// g is written in place into block A of file AB, then into its block B,
+// each a 4 KiB block synced on its own, for ever; every 8th generation
+// also writes a new file f<g> and appends its md5 to sums (synced). AB
+// was written whole at once, so A (its first block) and B (640 MiB on)
+// lie 640 MiB apart on the disk: a copy of the disk that is not one
+// instant reads one long before the other, while the guest wrote
+// generations in between. In a point-in-time copy A's generation is B's
+// or one more, and every file sums lists is whole.
 const liveWriter = `cd /mnt/live && g=0
 while :; do
 	g=$((g+1))
-	printf 'gen %08d\n' $g | dd of=A bs=4096 count=1 conv=notrunc,sync,fsync 2>/dev/null
-	printf 'gen %08d\n' $g | dd of=B bs=4096 count=1 conv=notrunc,sync,fsync 2>/dev/null
+	printf 'gen %08d\n' $g | dd of=AB bs=4096 count=1 conv=notrunc,sync,fsync 2>/dev/null
+	printf 'gen %08d\n' $g | dd of=AB bs=4096 count=1 seek=163840 conv=notrunc,sync,fsync 2>/dev/null
 	if [ $((g % 8)) -eq 0 ]; then
 		dd if=/dev/urandom of=f$g bs=16k count=4 conv=fsync 2>/dev/null
 		md5sum f$g | dd of=sums oflag=append conv=notrunc,fsync 2>/dev/null
@@ -99,17 +101,15 @@ func TestLiveVolumeSnapshot(t *testing.T) {
 	}
 
 	vol := newVolume(volumes.CreateOpts{Size: 1, Name: "live"})
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", "live", q.c.Volumes.DataPath(vol)).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-b", "4096", "-L", "live", q.c.Volumes.DataPath(vol)).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
 	}
 	dev := attach(vol)
 	q.ssh(ctx, sv.ID, fmt.Sprintf(`mkdir -p /mnt/live && mount -t ext4 /dev/%s /mnt/live && cd /mnt/live &&
-printf 'gen %%08d\n' 0 | dd of=A bs=4096 count=1 conv=sync,fsync 2>/dev/null &&
-dd if=/dev/zero of=filler bs=1M count=160 conv=fsync 2>/dev/null &&
-printf 'gen %%08d\n' 0 | dd of=B bs=4096 count=1 conv=sync,fsync 2>/dev/null && : > sums && sync`, dev))
+dd if=/dev/zero of=AB bs=1M count=641 conv=fsync 2>/dev/null && : > sums && sync`, dev))
 	q.ssh(ctx, sv.ID, "cat > /tmp/writer.sh <<'EOF'\n"+liveWriter+"\nEOF\nsetsid sh /tmp/writer.sh </dev/null >/dev/null 2>&1 & echo $! > /tmp/writer.pid")
 	gen := func() int {
-		n, _ := strconv.Atoi(strings.TrimPrefix(q.ssh(ctx, sv.ID, "head -c 12 /mnt/live/A"), "gen "))
+		n, _ := strconv.Atoi(strings.TrimPrefix(q.ssh(ctx, sv.ID, "head -c 12 /mnt/live/AB"), "gen "))
 		return n
 	}
 	waitFor(t, vmTimeout, "the guest writing", func() bool { return gen() >= 16 })
@@ -126,7 +126,7 @@ printf 'gen %%08d\n' 0 | dd of=B bs=4096 count=1 conv=sync,fsync 2>/dev/null && 
 		}
 		return err == nil && s.Status == "available"
 	})
-	t.Logf("live snapshot of a 1 GiB volume (%d MiB written) in %v", 160, time.Since(start).Round(time.Millisecond))
+	t.Logf("live snapshot of a 1 GiB volume (%d MiB written) in %v", 641, time.Since(start).Round(time.Millisecond))
 	bk, err := backups.Create(ctx, bs, backups.CreateOpts{VolumeID: vol, Force: true, Name: "live"}).Extract()
 	must(t, err)
 	waitFor(t, vmTimeout, "backup available", func() bool {
@@ -147,7 +147,7 @@ printf 'gen %%08d\n' 0 | dd of=B bs=4096 count=1 conv=sync,fsync 2>/dev/null && 
 	t.Logf("snapshot: A at %d, B at %d, %d files", a, b, files)
 	dev = attach(fromSnap)
 	out := q.ssh(ctx, sv.ID, fmt.Sprintf(`mkdir -p /mnt/snap && mount -t ext4 -o ro /dev/%s /mnt/snap && cd /mnt/snap &&
-head -c 12 A; echo; head -c 12 B; echo; md5sum -c sums >/dev/null && echo sums-ok; cd /; umount /mnt/snap`, dev))
+head -c 12 AB; echo; dd if=AB bs=4096 skip=163840 count=1 2>/dev/null | head -c 12; echo; { md5sum -c sums >/tmp/c 2>&1 && echo sums-ok || cat /tmp/c; }; cd /; umount /mnt/snap`, dev))
 	if want := fmt.Sprintf("gen %08d\ngen %08d\nsums-ok", a, b); out != want {
 		t.Errorf("the snapshot's volume in the guest:\n%s\nwant\n%s", out, want)
 	}
@@ -181,21 +181,43 @@ func checkLiveImage(t *testing.T, path string) (a, b, files int) {
 		}
 		return out
 	}
-	genOf := func(name string) int {
-		s := string(cat(name))
-		n, err := strconv.Atoi(strings.TrimPrefix(s[:min(len(s), 12)], "gen "))
-		if err != nil {
-			t.Fatalf("%s holds %.20q", name, s)
-		}
-		return n
+	// genAt reads the generation in AB's block n, where the file
+	// system has it (debugfs bmap: its block on the disk; 4 KiB blocks).
+	img, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	a, b = genOf("A"), genOf("B")
+	defer img.Close()
+	genAt := func(n int) int {
+		out, err := exec.Command("debugfs", "-R", fmt.Sprintf("bmap /AB %d", n), path).Output()
+		if err != nil {
+			t.Fatalf("debugfs bmap: %v", err)
+		}
+		phys, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+		if err != nil || phys == 0 {
+			t.Fatalf("AB's block %d: %q", n, out)
+		}
+		buf := make([]byte, 12)
+		if _, err := img.ReadAt(buf, phys*4096); err != nil {
+			t.Fatal(err)
+		}
+		g, err := strconv.Atoi(strings.TrimPrefix(string(buf), "gen "))
+		if err != nil {
+			t.Fatalf("AB's block %d holds %q", n, buf)
+		}
+		return g
+	}
+	a, b = genAt(0), genAt(163840)
 	if a != b && a != b+1 {
 		t.Errorf("not one instant: A is at generation %d, B at %d", a, b)
 	}
-	for _, line := range strings.Split(strings.TrimSpace(string(cat("sums"))), "\n") {
+	for _, line := range strings.Split(strings.TrimSuffix(string(cat("sums")), "\n"), "\n") {
+		if line == "" && files == 0 {
+			break // none yet
+		}
 		f := strings.Fields(line)
-		if len(f) != 2 {
+		if len(f) != 2 || !strings.HasPrefix(f[1], "f") {
+			t.Errorf("sums has a line no md5sum wrote: %.80q", line)
 			continue
 		}
 		sum := md5.Sum(cat(f[1]))
