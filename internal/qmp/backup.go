@@ -25,7 +25,7 @@ type BackupTarget struct {
 // Backup copies node, as it is at the start of the call, into target: a
 // point-in-time copy taken by the process that writes the node, while
 // its writers go on (blockdev-backup, sync=full: QEMU copies each block
-// before a write overwrites it). The target must be as large as node.
+// before a write overwrites it). The target file is made as large as node.
 // It adds a raw target node (over /dev/fdset/N when target is a File),
 // runs the job, waits for BLOCK_JOB_COMPLETED, and removes what it added
 // whatever happens; when ctx ends first the job is cancelled. Checked
@@ -36,6 +36,21 @@ func (m *Monitor) Backup(ctx context.Context, node string, target BackupTarget) 
 	tag := hex.EncodeToString(suffix[:])
 	job, tnode, tfile := "bk-"+tag, "bk-"+tag+"-fmt", "bk-"+tag+"-file"
 	cleanup := context.WithoutCancel(ctx)
+
+	// The job wants a target of the node's size, which may be behind its
+	// file's (an NBD export keeps the size it started with).
+	size, err := m.nodeSize(ctx, node)
+	if err != nil {
+		return err
+	}
+	if target.File != nil {
+		err = target.File.Truncate(size)
+	} else if target.Path != "" {
+		err = os.Truncate(target.Path, size)
+	}
+	if err != nil {
+		return fmt.Errorf("qmp: backup target: %w", err)
+	}
 
 	filename := target.Path
 	if target.File != nil {
@@ -112,4 +127,23 @@ func (m *Monitor) Backup(ctx context.Context, node string, target BackupTarget) 
 		}
 		return nil
 	}
+}
+
+// nodeSize is block node node's size in bytes (query-named-block-nodes).
+func (m *Monitor) nodeSize(ctx context.Context, node string) (int64, error) {
+	var nodes []struct {
+		Name  string `json:"node-name"`
+		Image struct {
+			Size int64 `json:"virtual-size"`
+		} `json:"image"`
+	}
+	if err := m.Execute(ctx, "query-named-block-nodes", map[string]any{"flat": true}, &nodes); err != nil {
+		return 0, fmt.Errorf("query-named-block-nodes: %w", err)
+	}
+	for _, n := range nodes {
+		if n.Name == node {
+			return n.Image.Size, nil
+		}
+	}
+	return 0, fmt.Errorf("qmp: backup: no block node %q", node)
 }

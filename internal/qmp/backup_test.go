@@ -15,8 +15,9 @@ import (
 )
 
 // TestBackup drives Backup against a fake QEMU: the commands it sends,
-// the job's end it waits for (another job's end is not its own), and the
-// target node (and descriptor set) removed whatever the outcome.
+// the target file made the node's size, the job's end it waits for
+// (another job's end is not its own), and the target node (and
+// descriptor set) removed whatever the outcome.
 func TestBackup(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -55,10 +56,14 @@ func TestBackup(t *testing.T) {
 				case "remove-fd":
 					rec += fmt.Sprint(" ", args["fdset-id"])
 				}
-				mu.Lock()
-				got = append(got, rec)
-				mu.Unlock()
+				if rec != "query-named-block-nodes" {
+					mu.Lock()
+					got = append(got, rec)
+					mu.Unlock()
+				}
 				switch r.Execute {
+				case "query-named-block-nodes":
+					f.reply(r, `[{"node-name": "other", "image": {"virtual-size": 1}}, {"node-name": "disk0", "image": {"virtual-size": 8192}}]`)
 				case "add-fd":
 					f.reply(r, `{"fdset-id": 7, "fd": 30}`)
 				case "blockdev-backup":
@@ -98,16 +103,20 @@ func TestBackup(t *testing.T) {
 					cancel()
 				}()
 			}
-			target := BackupTarget{Path: "/srv/t"}
+			file := filepath.Join(t.TempDir(), "t")
+			f, err := os.Create(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			target := BackupTarget{Path: file}
 			if tc.file {
-				f, err := os.Create(filepath.Join(t.TempDir(), "t"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
 				target = BackupTarget{File: f}
 			}
-			err := m.Backup(ctx, "disk0", target)
+			err = m.Backup(ctx, "disk0", target)
+			if fi, _ := os.Stat(file); fi.Size() != 8192 {
+				t.Errorf("the target is %d bytes, want the node's 8192", fi.Size())
+			}
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Errorf("Backup: %v", err)
@@ -119,6 +128,9 @@ func TestBackup(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
+			for i, w := range tc.want {
+				tc.want[i] = strings.ReplaceAll(w, "/srv/t", file)
+			}
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("commands:\n got %q\nwant %q", got, tc.want)
 			}

@@ -104,9 +104,10 @@ func (s *Service) copyLive(ctx context.Context, volID, dst string, size int64) (
 	return false, nil
 }
 
-// liveInto has run copy the volume into a new file beside dst, as large
-// as the volume's file (a block copy's target must be), then gives it
-// size bytes and renames it to dst.
+// liveInto has run copy the volume into a new file beside dst (as large
+// as the volume's file; the copy makes it its disk's size, which an NBD
+// export that began before an extend keeps smaller), then gives it size
+// bytes and renames it to dst.
 func (s *Service) liveInto(volID, dst string, size int64, run func(target string) error) error {
 	fi, err := os.Stat(s.dataPath(volID))
 	if err != nil {
@@ -151,7 +152,7 @@ func (s *Service) backupSource(ctx context.Context, b *bkRow) (path string, rele
 		return path, release, nil
 	}
 	tmp := filepath.Join(s.dataDir, "snapshots", "backup-"+b.ID)
-	done, err := s.copyLive(ctx, b.VolumeID, tmp, 0)
+	done, err := s.copyLive(ctx, b.VolumeID, tmp, b.Size<<30)
 	if err != nil || !done {
 		return path, release, err
 	}
