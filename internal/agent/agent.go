@@ -528,6 +528,8 @@ func (a *Agent) execute(ctx context.Context, op wire.Op) (r wire.Result, ok bool
 			code = wire.CodeHostDown
 		case errors.Is(err, driver.ErrNoConsole):
 			code = wire.CodeNoConsole
+		case errors.Is(err, driver.ErrNotRunning):
+			code = wire.CodeNotRunning
 		}
 		r.Error = &wire.Error{Code: code, Message: err.Error()}
 		a.log.Info("agent: op failed", "op", op.ID, "kind", op.Kind, "server", op.ServerID, "error", err,
@@ -630,6 +632,16 @@ func (a *Agent) call(ctx context.Context, op wire.Op) (out any, err error) {
 			return nil, d.DetachVolume(ctx, id, p.VolumeID)
 		}
 		return nil, d.ExtendVolume(ctx, id, p.VolumeID, p.SizeBytes)
+	case wire.KindCopyVolume:
+		var p wire.VolumeArgs
+		if err := args(&p); err != nil {
+			return nil, err
+		}
+		c, ok := d.(driver.VolumeCopier)
+		if !ok {
+			return nil, driver.ErrNotRunning // no live copy here: the caller copies the file
+		}
+		return nil, c.CopyVolume(ctx, id, p.VolumeID, p.Target)
 	case wire.KindAccess:
 		acc, err := d.Access(ctx, id)
 		if err != nil {

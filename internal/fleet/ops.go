@@ -281,6 +281,8 @@ func opResult(op *opRow) (json.RawMessage, error) {
 			return nil, driver.ErrHostDown
 		case wire.CodeNoConsole:
 			return nil, driver.ErrNoConsole
+		case wire.CodeNotRunning:
+			return nil, driver.ErrNotRunning
 		}
 		return nil, &OpError{Host: op.Host, Msg: op.Error}
 	}

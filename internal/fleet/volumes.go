@@ -24,3 +24,12 @@ func (s *Service) ExtendVolume(ctx context.Context, id, volumeID string, sizeByt
 	_, err := s.call(ctx, wire.KindExtendVolume, id, "", wire.VolumeArgs{VolumeID: volumeID, SizeBytes: sizeBytes})
 	return err
 }
+
+var _ driver.VolumeCopier = (*Service)(nil)
+
+// CopyVolume copies a volume's disk live, on the server's host, into the
+// file target there.
+func (s *Service) CopyVolume(ctx context.Context, id, volumeID, target string) error {
+	_, err := s.call(ctx, wire.KindCopyVolume, id, "", wire.VolumeArgs{VolumeID: volumeID, Target: target})
+	return err
+}

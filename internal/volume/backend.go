@@ -88,8 +88,13 @@ func (f fileBackend) readFile(_ context.Context, id string) (string, func(), err
 	return f.s.dataPath(id), func() {}, nil
 }
 
-func (f fileBackend) backup(_ context.Context, b *bkRow) (int64, error) {
-	m, err := f.s.backupStore.Create(b.ID, b.ParentID, f.s.dataPath(b.VolumeID))
+func (f fileBackend) backup(ctx context.Context, b *bkRow) (int64, error) {
+	src, release, err := f.s.backupSource(ctx, b) // an in-use volume's temporary live copy (livecopy.go)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	m, err := f.s.backupStore.Create(b.ID, b.ParentID, src)
 	if err != nil {
 		return 0, err
 	}

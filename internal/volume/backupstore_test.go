@@ -238,13 +238,20 @@ func TestBackupBusyVolume(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Opening the FIFO's other end lets the copy read an empty file;
-		// without a reader waiting it does nothing.
-		release := func() {
-			if f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-				f.Close()
+		// without a reader waiting it does nothing, so release tries for
+		// up to wait (the worker may not have opened it yet).
+		release := func(wait time.Duration) {
+			for end := time.Now().Add(wait); ; time.Sleep(20 * time.Millisecond) {
+				if f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+					f.Close()
+					return
+				}
+				if time.Now().After(end) {
+					return
+				}
 			}
 		}
-		t.Cleanup(release)
+		t.Cleanup(func() { release(0) })
 		bk := idIn(o.call("POST", "/v3/backups", `{"backup":{"volume_id":"`+vol+`"}}`, 202), "id")
 		o.waitFor("/v3/volumes/"+vol, "backing-up")
 		o.waitFor("/v3/backups/"+bk, "creating")
@@ -252,7 +259,7 @@ func TestBackupBusyVolume(t *testing.T) {
 		o.call("POST", "/v3/backups", `{"backup":{"volume_id":"`+vol+`"}}`, 400)
 		o.call("POST", "/v3/backups/"+full+"/restore", `{"restore":{"volume_id":"`+vol+`"}}`, 400)
 		o.call("DELETE", "/v3/backups/"+bk, "", 400)
-		release()
+		release(10 * time.Second)
 		o.waitFor("/v3/backups/"+bk, "available")
 		o.waitFor("/v3/volumes/"+vol, "available")
 	})

@@ -70,7 +70,7 @@ func (s *Service) processSnapshot(ctx context.Context, id string) error {
 	return nil
 }
 
-// takeSnapshot copies the volume's file as it is now to the snapshot's,
+// takeSnapshot copies the volume's data as it is now to the snapshot's,
 // of the snapshot's size (a volume extended meanwhile adds only zeros).
 func (s *Service) takeSnapshot(ctx context.Context, sn *snapRow) error {
 	path := s.snapPath(sn.ID)
@@ -80,7 +80,7 @@ func (s *Service) takeSnapshot(ctx context.Context, sn *snapRow) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	return copyFile(ctx, s.dataPath(sn.VolumeID), path, sn.Size<<30)
+	return s.copyVolume(ctx, sn.VolumeID, path, sn.Size<<30) // live when a VM writes it (livecopy.go)
 }
 
 // removeSnapshot removes a deleting snapshot's data, then its row. Data

@@ -98,6 +98,8 @@ type Service struct {
 	exporter Exporter
 	extender Extender // set while wiring, before serving
 
+	liveCopier LiveCopier // livecopy.go; set while wiring, before serving
+
 	ctx   context.Context // background work; cancelled when Run returns
 	stop  context.CancelFunc
 	queue *workqueue.Queue // data work by volume id (worker.go)

@@ -294,7 +294,8 @@ func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
 			valid = append(valid, "in-use")
 		}
 		if !contains(valid, v.Status) {
-			return invalidVolume("Volume %s status must be %s, but current status is: %s.", v.ID, strings.Join(valid, " or "), v.Status)
+			// cinder/volume/api.py create_snapshot_in_db: ', '.join(valid_status)
+			return invalidVolume("Volume %s status must be %s, but current status is: %s.", v.ID, strings.Join(valid, ", "), v.Status)
 		}
 		if err := s.reserveSnapshot(ctx, tx, v); err != nil {
 			return err

@@ -103,6 +103,7 @@ type Driver struct {
 	written   map[string]uint64
 
 	images atomic.Pointer[driver.ImageStore]
+	copies map[string]int // CopyVolume's copies by volume id, under mu
 }
 
 var (

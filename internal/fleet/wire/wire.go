@@ -57,6 +57,9 @@ const (
 	KindAttachVolume = "attach_volume"
 	KindDetachVolume = "detach_volume"
 	KindExtendVolume = "extend_volume"
+	// KindCopyVolume copies a volume's disk live into a file on the
+	// server's host (VolumeArgs: VolumeID, Target).
+	KindCopyVolume = "copy_volume"
 )
 
 // Error codes, in error bodies and in op results.
@@ -69,9 +72,10 @@ const (
 	CodeTooLarge     = "too_large"
 	CodeMethod       = "method_not_allowed"
 	CodeInternal     = "internal"
-	CodeHostDown     = "host_down"  // in a result: driver.ErrHostDown
-	CodeNoConsole    = "no_console" // in a result: driver.ErrNoConsole
-	CodeFailed       = "failed"     // in a result: any other driver error
+	CodeHostDown     = "host_down"   // in a result: driver.ErrHostDown
+	CodeNoConsole    = "no_console"  // in a result: driver.ErrNoConsole
+	CodeNotRunning   = "not_running" // in a result: driver.ErrNotRunning
+	CodeFailed       = "failed"      // in a result: any other driver error
 )
 
 // Error is what went wrong.
@@ -236,11 +240,13 @@ type PortArgs struct {
 }
 
 // VolumeArgs are a volume op's arguments: the volume to attach, or the
-// id of one to detach or extend (to SizeBytes).
+// id of one to detach, extend (to SizeBytes) or copy (into Target, a
+// file on the server's host).
 type VolumeArgs struct {
 	Volume    driver.Volume `json:"volume,omitzero"`
 	VolumeID  string        `json:"volume_id,omitempty"`
 	SizeBytes int64         `json:"size_bytes,omitempty"`
+	Target    string        `json:"target,omitempty"`
 }
 
 // VNCResult is a console endpoint query's result.

@@ -1,0 +1,84 @@
+package fake
+
+import (
+	"context"
+	"io"
+	"os"
+	"slices"
+
+	"nimbus/internal/driver"
+)
+
+// OpCopyVolume is CopyVolume's name for FailNext.
+const OpCopyVolume = "copy_volume"
+
+var _ driver.VolumeCopier = (*Driver)(nil)
+
+// CopyVolume stands for a live copy: a running or paused server's volume
+// is copied into target (a file volume's data; a remote one's target is
+// left as it is, the fake has no NBD client), and counted (Copies). A
+// server whose VM does not run answers driver.ErrNotRunning.
+func (d *Driver) CopyVolume(ctx context.Context, id, volumeID, target string) error {
+	if err := d.exists(id); err != nil {
+		return err
+	}
+	if err := d.wait(ctx, OpCopyVolume); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	v, ok := d.vms[id]
+	if !ok {
+		d.mu.Unlock()
+		return driver.ErrNotFound
+	}
+	power := v.Power
+	k := slices.IndexFunc(v.Spec.Volumes, func(x driver.Volume) bool { return x.ID == volumeID })
+	var vol driver.Volume
+	if k >= 0 {
+		vol = v.Spec.Volumes[k]
+	}
+	d.mu.Unlock()
+	switch {
+	case k < 0:
+		return driver.ErrNotFound
+	case power != driver.Running && power != driver.Paused:
+		return driver.ErrNotRunning
+	}
+	if vol.Conn.Driver == driver.VolumeFile {
+		if err := copyInto(vol.Conn.Path, target); err != nil {
+			return err
+		}
+	}
+	d.mu.Lock()
+	if d.copies == nil {
+		d.copies = map[string]int{}
+	}
+	d.copies[volumeID]++
+	d.mu.Unlock()
+	return nil
+}
+
+// Copies is how many times CopyVolume copied volume volumeID.
+func (d *Driver) Copies(volumeID string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.copies[volumeID]
+}
+
+// copyInto writes src's bytes over the start of the existing file dst.
+func copyInto(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
