@@ -3,6 +3,7 @@ package compute
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -188,21 +189,27 @@ func (s *Service) osVolumeCreate(r *http.Request) (*api.Response, error) {
 	}
 	ctx := r.Context()
 	if req.SnapshotID != nil {
-		// A size left out is the snapshot's volume_size.
-		sn, err := p.ProxySnapshot(ctx, c, *req.SnapshotID)
-		if err != nil {
+		// Nova reads the snapshot first: an unknown one is its 404.
+		if _, err := p.ProxySnapshot(ctx, c, *req.SnapshotID); err != nil {
 			return nil, err
-		}
-		if req.Size == 0 {
-			req.Size = sn.Size
 		}
 	}
 	v, err := p.ProxyCreateVolume(ctx, c, req)
 	if err != nil {
-		return nil, err
+		return nil, overQuota(err)
 	}
 	return api.JSON(http.StatusOK, map[string]any{"volume": osVolumeView(v)}).
 		WithHeader("Location", links(r, "os-volumes/"+v.ID)[0]["href"]), nil
+}
+
+// overQuota turns Cinder's 413 for a quota into Nova's 403 (create's
+// "except exception.OverQuota: raise exc.HTTPForbidden").
+func overQuota(err error) error {
+	var ae *api.Error
+	if errors.As(err, &ae) && ae.Status == http.StatusRequestEntityTooLarge {
+		return api.Forbidden("%s", ae.Message)
+	}
+	return err
 }
 
 // proxyBody reads {key: {...}} with the object's allowed fields, in the
@@ -393,7 +400,7 @@ func (s *Service) osSnapshotCreate(r *http.Request) (*api.Response, error) {
 	}
 	sn, err := p.ProxyCreateSnapshot(r.Context(), c, req)
 	if err != nil {
-		return nil, err
+		return nil, overQuota(err)
 	}
 	return api.JSON(http.StatusOK, map[string]any{"snapshot": osSnapshotView(sn)}), nil
 }

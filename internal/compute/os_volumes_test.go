@@ -155,6 +155,7 @@ func TestOSVolumesBadRequests(t *testing.T) {
 		{"unknown zone", e.demo, "POST", "/os-volumes", "2.1", body(`"size":1,"availability_zone":"mars"`), 400, "Availability zone 'mars' is invalid."},
 		{"unknown type", e.demo, "POST", "/os-volumes", "2.1", body(`"size":1,"volume_type":"nope"`), 404, "nope"},
 		{"unknown snapshot", e.demo, "POST", "/os-volumes", "2.1", body(`"size":1,"snapshot_id":"nope"`), 404, "Snapshot nope could not be found."},
+		{"over quota", e.demo, "POST", "/os-volumes", "2.1", body(`"size":100000`), 403, "exceeds allowed gigabytes quota"},
 		{"list bad limit", e.demo, "GET", "/os-volumes?limit=x", "2.1", "", 400, "limit param must be an integer"},
 		{"list negative offset", e.demo, "GET", "/os-volumes/detail?offset=-1", "2.1", "", 400, "offset param must be positive"},
 		{"snapshot without volume_id", e.demo, "POST", "/os-snapshots", "2.1", snap(`"force":true`), 400, "'volume_id' is a required property"},
