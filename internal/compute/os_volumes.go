@@ -272,7 +272,7 @@ func parseOSVolumeCreate(r *http.Request) (volume.ProxyVolumeRequest, error) {
 	}
 	raw, ok := vol["size"]
 	if !ok {
-		return req, badField("volume", mustVolumeBody(vol), "'size' is a required property")
+		return req, badField("volume", rawJSON(vol), "'size' is a required property")
 	}
 	if req.Size, err = osVolumeSize(raw); err != nil {
 		return req, err
@@ -280,8 +280,9 @@ func parseOSVolumeCreate(r *http.Request) (volume.ProxyVolumeRequest, error) {
 	return req, nil
 }
 
-func mustVolumeBody(vol map[string]json.RawMessage) json.RawMessage {
-	return json.RawMessage(mustJSON(vol))
+// rawJSON is an object as JSON text, for a schema error's Value.
+func rawJSON(obj map[string]json.RawMessage) json.RawMessage {
+	return json.RawMessage(mustJSON(obj))
 }
 
 // osVolumeSize is the size property: {'type': ['integer', 'string'],
@@ -384,7 +385,7 @@ func (s *Service) osSnapshotCreate(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	if volID == nil {
-		return nil, badField("snapshot", mustVolumeBody(b), "'volume_id' is a required property")
+		return nil, badField("snapshot", rawJSON(b), "'volume_id' is a required property")
 	}
 	req.VolumeID = *volID
 	if raw, ok := b["force"]; ok {
