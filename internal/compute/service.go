@@ -182,6 +182,7 @@ func (s *Service) Routes() []api.Route {
 	routes = append(routes, s.consoleRoutes()...)
 	routes = append(routes, s.interfaceRoutes()...)
 	routes = append(routes, s.volumeAttachmentRoutes()...)
+	routes = append(routes, s.volumeProxyRoutes()...)
 	return routes
 }
 
