@@ -20,6 +20,7 @@ func TestVolumeActionsMore(t *testing.T) {
 		t.Run("ForceDelete", e.testForceDelete)
 		t.Run("SnapshotStatus", e.testSnapshotStatus)
 		t.Run("TypeWriteViews", e.testTypeWriteViews)
+		t.Run("Services", e.testServices)
 	})
 }
 
@@ -212,4 +213,57 @@ func longString(n int) string {
 		b[i] = 'x'
 	}
 	return string(b)
+}
+
+func (e *env) testServices(t *testing.T) {
+	e.want(t, 403, "GET", "/v3/os-services", e.demoTok, "")
+	for _, tc := range []struct {
+		query string
+		want  []string // binaries
+	}{
+		{"", []string{"cinder-scheduler", "cinder-volume", "cinder-backup"}},
+		{"?binary=cinder-volume", []string{"cinder-volume"}},
+		{"?host=nimbus", []string{"cinder-scheduler", "cinder-volume", "cinder-backup"}},
+		{"?host=nimbus@network&binary=cinder-volume", []string{"cinder-volume"}},
+		{"?host=elsewhere", nil},
+	} {
+		var got []string
+		for _, sv := range e.want(t, 200, "GET", "/v3/os-services"+tc.query, e.adTok, "")["services"].([]any) {
+			m := sv.(map[string]any)
+			if m["state"] != "up" || m["status"] != "enabled" {
+				t.Errorf("%s: %v", tc.query, m)
+			}
+			got = append(got, m["binary"].(string))
+		}
+		if mustJSON(t, got) != mustJSON(t, tc.want) {
+			t.Errorf("services%s: %v, want %v", tc.query, got, tc.want)
+		}
+	}
+	// The volume's host names the cinder-volume service.
+	vol := e.volumeFrom(t, e.demoTok, `{"volume":{"size":1}}`)
+	host := e.want(t, 200, "GET", "/v3/volumes/"+vol, e.adTok, "")["volume"].(map[string]any)["os-vol-host-attr:host"].(string)
+	if host != "nimbus@network#network" {
+		t.Errorf("volume host %q", host)
+	}
+	for _, tc := range []struct {
+		action, body string
+		status       int
+	}{
+		{"enable", `{"host":"invalid_host","binary":"cinder-volume"}`, 404},
+		{"disable", `{"host":"nimbus@network","binary":"invalid_binary"}`, 404},
+		{"disable", `{"host":"nimbus@network","binary":"cinder-volume"}`, 400},
+		{"disable-log-reason", `{"host":"nimbus@network","binary":"cinder-volume","disabled_reason":null}`, 400},
+		{"disable", `{"binary":"cinder-volume"}`, 400},
+		{"freeze", `{"host":"invalid_host"}`, 400},
+		{"thaw", `{"host":"invalid_host"}`, 400},
+		{"freeze", `{"host":"nimbus@network"}`, 400},
+		{"unknown", `{"host":"nimbus@network"}`, 404},
+		{"enable", `[1]`, 400},
+	} {
+		resp, m := e.do(t, "PUT", "/v3/os-services/"+tc.action, e.adTok, tc.body)
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s %s: status %d, want %d: %v", tc.action, tc.body, resp.StatusCode, tc.status, m)
+		}
+	}
+	e.want(t, 403, "PUT", "/v3/os-services/enable", e.demoTok, `{"host":"nimbus","binary":"cinder-scheduler"}`)
 }

@@ -252,6 +252,8 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "PUT /v3/os-quota-sets/{project}", Handler: s.updateQuota, AdminOnly: true, Policy: "volume_extension:quotas:update"},
 		{Pattern: "DELETE /v3/os-quota-sets/{project}", Handler: s.deleteQuota, AdminOnly: true, Policy: "volume_extension:quotas:delete"},
 		{Pattern: "GET /v3/os-availability-zone", Handler: availabilityZones},
+		{Pattern: "GET /v3/os-services", Handler: s.listServices, AdminOnly: true, Policy: "volume_extension:services:index"},
+		{Pattern: "PUT /v3/os-services/{action}", Handler: s.updateService, AdminOnly: true, Policy: "volume_extension:services:update"},
 		{Pattern: "GET /v3/extensions", Handler: extensions},
 	}
 	routes = append(routes, s.metadataRoutes("/v3/volumes", volumeMeta)...)

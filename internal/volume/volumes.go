@@ -75,7 +75,7 @@ func view(r *http.Request, v *volRow) map[string]any {
 	if admin {
 		out["os-vol-tenant-attr:tenant_id"] = v.ProjectID
 		out["migration_status"] = nil
-		out["os-vol-host-attr:host"] = "nimbus@network#network"
+		out["os-vol-host-attr:host"] = volumeHost
 		out["os-vol-mig-status-attr:migstat"] = nil
 		out["os-vol-mig-status-attr:name_id"] = nil
 	}
