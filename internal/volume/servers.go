@@ -1,0 +1,179 @@
+package volume
+
+import (
+	"context"
+	"strconv"
+
+	"nimbus/internal/api"
+	"nimbus/internal/store"
+)
+
+// Volumes compute makes for a server's block device mappings (Nova's
+// _prep_block_device: source image, snapshot or blank, destination
+// volume), and the mark of a root volume that a network-disk flavor
+// already pays for.
+
+// FlavorDiskKey is the admin metadata key (written by the service only,
+// never by the volume's owner) of a server's root volume made for a
+// flavor whose price includes its disk (nimbus:disk_type=network): its
+// value is the number of GiB the flavor pays for, which the volume's own
+// metering leaves out, so that the disk is charged once, with the server.
+// A volume grown past it is charged for the excess only.
+const FlavorDiskKey = "nimbus_flavor_disk_gb"
+
+// ServerVolumeRequest asks for a new volume for a server's block device
+// mapping.
+type ServerVolumeRequest struct {
+	// Caller is the one who created the server: the volume is theirs,
+	// made with their rights and counted against their project's quota.
+	Caller *api.Caller
+	// Name of the volume (Nova names them after nothing; Cinder shows "").
+	Name string
+	// SizeGB is the size; 0 takes the source's (an image's or snapshot's).
+	SizeGB int64
+	// ImageID or SnapshotID is the source; neither makes a blank volume.
+	ImageID, SnapshotID string
+	// Type is the volume type's name or id ("" : the default).
+	Type string
+	// FlavorDiskGB, when positive, marks the volume as the root disk a
+	// flavor's price includes (FlavorDiskKey).
+	FlavorDiskGB int64
+}
+
+// CreateForServer makes a volume in tx as POST /volumes would for the
+// request's caller (the same checks, quota and errors), in status
+// creating; its data is made after commit. It answers the volume's id.
+func (s *Service) CreateForServer(ctx context.Context, tx *store.Tx, req ServerVolumeRequest) (string, error) {
+	c := req.Caller
+	name := req.Name
+	v := &volRow{ID: newID(), ProjectID: c.ProjectID, UserID: c.UserID, Status: StatusCreating, Zone: AvailabilityZone,
+		Name: &name, Metadata: map[string]string{}, ImageMetadata: map[string]string{}, AdminMetadata: map[string]string{}}
+	size := req.SizeGB
+	var typeRef *string
+	if req.Type != "" {
+		typeRef = &req.Type
+	}
+	switch {
+	case req.SnapshotID != "":
+		v.SnapshotID = req.SnapshotID
+		src, err := s.sourceOf(ctx, tx, c, v)
+		if err != nil {
+			return "", err
+		}
+		if size == 0 {
+			size = src.size
+		}
+		if size < src.size {
+			return "", invalidInput("Volume size '%d'GB cannot be smaller than the snapshot size %dGB. They must be >= original snapshot size.", size, src.size)
+		}
+		if typeRef == nil {
+			typeRef = &src.typeID
+		}
+		v.Bootable = src.bootable
+		for k, x := range src.imageMeta {
+			v.ImageMetadata[k] = x
+		}
+	case req.ImageID != "":
+		img, err := s.volumeImage(ctx, c, req.ImageID)
+		if err != nil {
+			return "", err
+		}
+		imgGB := gib(img.VirtualSize)
+		if imgGB == 0 {
+			imgGB = gib(img.Size)
+		}
+		if size == 0 {
+			size = max(imgGB, int64(img.MinDisk), 1)
+		}
+		if imgGB > size {
+			return "", invalidInput("Size of specified image %dGB is larger than volume size %dGB.", imgGB, size)
+		}
+		if int64(img.MinDisk) > size {
+			return "", invalidInput("Volume size %dGB cannot be smaller than the image minDisk size %dGB.", size, img.MinDisk)
+		}
+		v.ImageID, v.Bootable = img.ID, true
+		v.ImageMetadata = map[string]string{"image_id": img.ID, "image_name": img.Name, "container_format": img.ContainerFormat,
+			"disk_format": img.DiskFormat, "checksum": img.Checksum, "size": strconv.FormatInt(img.Size, 10),
+			"min_disk": strconv.Itoa(img.MinDisk), "min_ram": strconv.Itoa(img.MinRAM)}
+	}
+	if size <= 0 {
+		return "", invalidInput("Volume size '%d' must be an integer and greater than 0", size)
+	}
+	v.Size = size
+	if err := s.checkSpend(ctx, v.ProjectID); err != nil {
+		return "", err
+	}
+	t, err := s.findType(ctx, tx, c, typeRef)
+	if err != nil {
+		return "", err
+	}
+	v.TypeID, v.TypeName = t.ID, t.Name
+	if err := s.reserve(ctx, tx, v.ProjectID, 1, v.Size, v.Size); err != nil {
+		return "", err
+	}
+	if err := s.reserveType(ctx, tx, v.ProjectID, t, 1, v.Size); err != nil {
+		return "", err
+	}
+	now := s.now()
+	v.CreatedAt, v.UpdatedAt = now, now
+	if err := insertVol(ctx, tx, v); err != nil {
+		return "", err
+	}
+	if req.FlavorDiskGB > 0 {
+		v.AdminMetadata[FlavorDiskKey] = strconv.FormatInt(req.FlavorDiskGB, 10)
+		if _, err := tx.Exec(ctx, "UPDATE volumes SET admin_metadata = ? WHERE id = ?", store.JSON(v.AdminMetadata), v.ID); err != nil {
+			return "", err
+		}
+	}
+	if err := s.meter(ctx, tx, v, now); err != nil {
+		return "", err
+	}
+	tx.AfterCommit(func() { s.kick(v.ID) })
+	return v.ID, nil
+}
+
+// ServerVolume is what compute needs to know of a volume a server's
+// block device mapping names.
+type ServerVolume struct {
+	ID, ProjectID, Status string
+	SizeGB                int64
+	Bootable              bool
+	// ImageID is the image the volume's data came from (Cinder's
+	// volume_image_metadata image_id), "" when none.
+	ImageID string
+	// Error is why a create failed.
+	Error string
+}
+
+// VolumeForServer is volume id as the caller sees it: Cinder's 404 for
+// one of another project's (unless admin).
+func (s *Service) VolumeForServer(ctx context.Context, q store.Querier, c *api.Caller, id string) (ServerVolume, error) {
+	v, err := ownedVol(ctx, q, c, id)
+	if err != nil {
+		return ServerVolume{}, err
+	}
+	return ServerVolume{ID: v.ID, ProjectID: v.ProjectID, Status: v.Status, SizeGB: v.Size, Bootable: v.Bootable,
+		ImageID: v.ImageMetadata["image_id"], Error: v.Error}, nil
+}
+
+// SnapshotForServer checks that snapshot id is one the caller may make a
+// volume of (theirs, available) and answers its size and its image's id.
+func (s *Service) SnapshotForServer(ctx context.Context, q store.Querier, c *api.Caller, id string) (sizeGB int64, imageID string, err error) {
+	sn, err := ownedSnap(ctx, q, c, id)
+	if err != nil {
+		return 0, "", err
+	}
+	if sn.Status != SnapAvailable {
+		return 0, "", invalidSnapshot("Originating snapshot status must be one of 'available' values")
+	}
+	return sn.Size, sn.ImageMetadata["image_id"], nil
+}
+
+// flavorDiskGB is the GiB of v a server's flavor pays for (FlavorDiskKey).
+func flavorDiskGB(v *volRow) int64 {
+	n, err := strconv.ParseInt(v.AdminMetadata[FlavorDiskKey], 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
