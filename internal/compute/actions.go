@@ -461,10 +461,19 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 		newPass = randomString(12, passChars)
 	}
 	sv, err := s.intent(r, simpleAction{"rebuild", taskRebuilding, "rebuild"}, func(tx *store.Tx, sv *server) error {
-		if err := imageFits(img, sv.Doc.Flavor.RAM, sv.Doc.Flavor.Disk); err != nil {
+		if sv.volumeBacked() {
+			// compute/api.py rebuild before 2.93 (Nimbus does not reimage
+			// a boot volume): the volume keeps its data, so only the image
+			// it came from may be named.
+			if img.ID != sv.ImageRef && img.ID != sv.Doc.BootImage {
+				return api.BadRequest("Image %s is unacceptable: Unable to rebuild with a different image for a volume-backed server.", img.ID)
+			}
+		} else if err := imageFits(img, sv.Doc.Flavor.RAM, sv.Doc.Flavor.Disk); err != nil {
 			return err
 		}
-		sv.ImageRef = img.ID
+		if !sv.volumeBacked() {
+			sv.ImageRef = img.ID
+		}
 		sv.Doc.OSType = osTypeOf(img)
 		sv.Doc.AdminPass = newPass
 		sv.Doc.OldVMState = sv.VMState

@@ -100,6 +100,11 @@ type Volumes interface {
 	DeleteTerminated(ctx context.Context, tx *store.Tx, volumeID string) error
 	Attachments(ctx context.Context, q store.Querier, serverIDs ...string) (map[string][]volume.Attachment, error)
 	AttachmentByID(ctx context.Context, q store.Querier, id string) (volume.Attachment, error)
+	// For boot from volume (block_devices.go).
+	CreateForServer(ctx context.Context, tx *store.Tx, req volume.ServerVolumeRequest) (string, error)
+	VolumeForServer(ctx context.Context, q store.Querier, c *api.Caller, id string) (volume.ServerVolume, error)
+	SnapshotForServer(ctx context.Context, q store.Querier, c *api.Caller, id string) (int64, string, error)
+	SetDevice(ctx context.Context, tx *store.Tx, attachmentID, device string) error
 }
 
 // Projects is what compute needs of the identity service

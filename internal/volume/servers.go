@@ -100,9 +100,6 @@ func (s *Service) CreateForServer(ctx context.Context, tx *store.Tx, req ServerV
 		return "", invalidInput("Volume size '%d' must be an integer and greater than 0", size)
 	}
 	v.Size = size
-	if err := s.checkSpend(ctx, v.ProjectID); err != nil {
-		return "", err
-	}
 	t, err := s.findType(ctx, tx, c, typeRef)
 	if err != nil {
 		return "", err
@@ -176,4 +173,19 @@ func flavorDiskGB(v *volRow) int64 {
 		return 0
 	}
 	return n
+}
+
+// SetDevice names the device of a server's attachment, in tx: a boot
+// volume is the server's root device (/dev/vda), which Reserve never
+// picks for a disk hot-plugged next to the server's own.
+func (s *Service) SetDevice(ctx context.Context, tx *store.Tx, attachmentID, device string) error {
+	res, err := tx.Exec(ctx, "UPDATE volume_attachments SET mountpoint = ?, updated_at = ? WHERE id = ? AND origin = ?",
+		device, store.FormatTime(s.now()), attachmentID, originCompute)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
 }
