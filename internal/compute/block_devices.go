@@ -297,7 +297,7 @@ func (s *Service) checkBDMSources(ctx context.Context, c *api.Caller, req *creat
 		case "volume":
 			v, err := s.volumes.VolumeForServer(ctx, s.db, c, b.UUID)
 			if err != nil {
-				return "", notFoundAs(err, errBDMFormat(fmt.Sprintf("failed to get volume %s.", b.UUID)))
+				return "", notFoundAsAPI(err, errBDMFormat(fmt.Sprintf("failed to get volume %s.", b.UUID)))
 			}
 			if v.Status != volume.StatusAvailable {
 				return "", api.BadRequest("Invalid volume: volume '%s' status must be 'available'. Currently in '%s'", v.ID, v.Status)
@@ -306,7 +306,7 @@ func (s *Service) checkBDMSources(ctx context.Context, c *api.Caller, req *creat
 		case "snapshot":
 			size, img, err := s.volumes.SnapshotForServer(ctx, s.db, c, b.UUID)
 			if err != nil {
-				return "", notFoundAs(err, errBDMFormat(fmt.Sprintf("failed to get snapshot %s.", b.UUID)))
+				return "", notFoundAsAPI(err, errBDMFormat(fmt.Sprintf("failed to get snapshot %s.", b.UUID)))
 			}
 			if b.VolumeSize > 0 && b.VolumeSize < size {
 				return "", api.BadRequest("Volume size '%d'GB cannot be smaller than the snapshot size %dGB. They must be >= original snapshot size.", b.VolumeSize, size)
@@ -315,7 +315,7 @@ func (s *Service) checkBDMSources(ctx context.Context, c *api.Caller, req *creat
 		case "image":
 			img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), b.UUID)
 			if err != nil {
-				return "", notFoundAs(err, errBDMFormat(fmt.Sprintf("failed to get image %s.", b.UUID)))
+				return "", notFoundAsAPI(err, errBDMFormat(fmt.Sprintf("failed to get image %s.", b.UUID)))
 			}
 			if img.Status != "active" {
 				return "", api.BadRequest("Image %s is not active.", img.ID)
@@ -333,8 +333,8 @@ func (s *Service) checkBDMSources(ctx context.Context, c *api.Caller, req *creat
 	return bootImage, nil
 }
 
-// notFoundAs is err, or instead when err says what was looked for does not
-// exist (a 404 of another service, or the store's).
+// notFoundAsAPI is err, or instead when err says what was looked for does
+// not exist (a 404 of another service, or the store's).
 func notFoundAsAPI(err error, instead error) error {
 	var ae *api.Error
 	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
@@ -403,11 +403,15 @@ func (s *Service) makeBlockDevices(ctx context.Context, tx *store.Tx, p *createP
 const rootDevice = "/dev/vda"
 
 // volumeQuotaAsNova is a volume create's refusal as Nova answers it: the
-// block storage quota is Nova's 403 VolumeLimitExceeded.
+// block storage quota is Nova's 403 VolumeLimitExceeded. A volume type or source not found is a 400 (the API-WG rule Nova
+// follows for what a body names: VolumeTypeNotFound is a 400).
 func volumeQuotaAsNova(err error) error {
 	var ae *api.Error
 	if errors.As(err, &ae) && ae.Status == http.StatusRequestEntityTooLarge {
 		return api.Forbidden("Volume resource quota exceeded: %s", ae.Message)
+	}
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return api.BadRequest("%s", ae.Message)
 	}
 	return err
 }
