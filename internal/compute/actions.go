@@ -321,10 +321,15 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 		if old.ID == nf.ID {
 			return api.BadRequest("When resizing, instances must change flavor!")
 		}
-		if nf.Disk < old.Disk && nf.Disk != 0 {
+		// A volume-backed server's root disk is its volume, which a resize
+		// keeps: the flavor's disk does not apply (compute/api.py resize).
+		// A network-disk flavor's root volume is the flavor's disk, which
+		// does not shrink either.
+		ownVolume := sv.volumeBacked() && !sv.bootDevice().FlavorDisk
+		if nf.Disk < old.Disk && nf.Disk != 0 && !ownVolume {
 			return api.BadRequest("Resize to a disk smaller than the current one is not possible.")
 		}
-		if nf.Disk == 0 && old.Disk != 0 {
+		if nf.Disk == 0 && old.Disk != 0 && !ownVolume {
 			return api.BadRequest("Resize to zero disk flavor is not allowed.")
 		}
 		if err := lockProjectQuota(ctx, tx, sv.ProjectID); err != nil {
@@ -351,7 +356,7 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 			st.Release(*claimed)
 			claimed = nil
 		}
-		req := flavorRequest(snap)
+		req := serverRequest(snap, sv.volumeBacked())
 		req.OnlyHosts = []string{sv.Host}
 		c, err := st.Reserve(req)
 		if err != nil {
@@ -557,6 +562,9 @@ func (s *Service) actCreateImage(r *http.Request, arg json.RawMessage) (*api.Res
 	meta, err := metadataField(obj, "metadata")
 	if err != nil {
 		return nil, err
+	}
+	if sv, err := s.visibleServer(r.Context(), s.db, r.PathValue("id"), false); err == nil && sv.volumeBacked() && s.volumes != nil {
+		return s.volumeBackedImage(r, *name, meta)
 	}
 	return s.imageAction(r, simpleAction{"createImage", taskImageSnapshot, "createImage"}, *name, meta,
 		map[string]string{"image_type": "snapshot"}, 0)

@@ -45,8 +45,10 @@ type blockDevice struct {
 	Device              string `json:"device,omitempty"`
 	Tag                 string `json:"tag,omitempty"`
 	DeleteOnTermination bool   `json:"delete_on_termination,omitempty"`
-	// AttachmentID is the server's attachment of the volume, once made.
+	// AttachmentID is the server's attachment of the volume, once made
+	// (reserved), and Attached says the build completed it.
 	AttachmentID string `json:"attachment_id,omitempty"`
+	Attached     bool   `json:"attached,omitempty"`
 	// FlavorDisk marks the root volume a network-disk flavor pays for.
 	FlavorDisk bool `json:"flavor_disk,omitempty"`
 }
@@ -213,11 +215,83 @@ func intOrString(raw json.RawMessage) (int, error) {
 	return strconv.Atoi(s)
 }
 
+// checkLegacyBDM reads the legacy block_device_mapping (nova/api/
+// openstack/compute/schemas/block_device_mapping_v1.py and
+// block_device.py BlockDeviceDict.from_legacy): volumes and snapshots by
+// id, mapped to volumes.
+func checkLegacyBDM(b *serverBody, field string, raw json.RawMessage) error {
+	var items []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return badField(field, raw, fmt.Sprintf("%s is not of type 'array'", raw))
+	}
+	for _, item := range items {
+		if item == nil {
+			return badField(field, raw, "None is not of type 'object'")
+		}
+		if err := api.UnknownFields(item, "virtual_name", "volume_id", "snapshot_id", "volume_size", "device_name",
+			"delete_on_termination", "no_device", "connection_info"); err != nil {
+			return err
+		}
+		if nd, ok := item["no_device"]; ok && string(nd) != "null" && string(nd) != "false" {
+			continue
+		}
+		bd := bdmReq{BootIndex: -1, Dest: "volume"}
+		for _, f := range []struct {
+			name string
+			dst  *string
+		}{{"volume_id", &bd.UUID}, {"device_name", &bd.Device}} {
+			if p, err := strField(item, f.name); err != nil {
+				return err
+			} else if p != nil {
+				*f.dst = *p
+			}
+		}
+		snap, err := strField(item, "snapshot_id")
+		if err != nil {
+			return err
+		}
+		switch {
+		case snap != nil && *snap != "":
+			bd.Source, bd.UUID = "snapshot", *snap
+		case bd.UUID != "":
+			bd.Source = "volume"
+		default:
+			if vn, _ := strField(item, "virtual_name"); vn != nil && *vn != "" {
+				return errBDMFormat("Ephemeral and swap disks are given by the flavor on this cloud.")
+			}
+			return errBDMFormat("Unrecognized legacy format.")
+		}
+		if !uuidRE.MatchString(bd.UUID) {
+			return api.BadRequest("Invalid input for field/attribute %s_id. Value: %s. '%s' is not a 'uuid'", bd.Source, bd.UUID, bd.UUID)
+		}
+		if fv, ok := item["volume_size"]; ok && string(fv) != "null" {
+			n, err := intOrString(fv)
+			if err != nil || n < 1 {
+				return api.BadRequest("Invalid input for field/attribute volume_size. Value: %s. %s is not valid under any of the given schemas", fv, fv)
+			}
+			bd.VolumeSize = int64(n)
+		}
+		if fv, ok := item["delete_on_termination"]; ok {
+			if bd.DeleteOnTermination, err = rawBool("delete_on_termination", fv); err != nil {
+				return err
+			}
+		}
+		b.BDMs = append(b.BDMs, bd)
+	}
+	b.LegacyBDM = true
+	return nil
+}
+
 // checkBootSequence is compute/api.py _validate_bdm's boot order and
 // _check_and_transform_bdm's: boot indexes count 0, 1, … without gaps,
 // and a server has something to boot. An image mapped to the local disk
 // as boot index 0 is the imageRef; other local mappings are refused.
 func checkBootSequence(req *createReq) error {
+	if req.LegacyBDM && req.ImageRef == "" && len(req.BDMs) > 0 {
+		// block_device.py from_legacy_mapping: without an image the
+		// first mapping boots.
+		req.BDMs[0].BootIndex = 0
+	}
 	var idx []int
 	for _, b := range req.BDMs {
 		if b.BootIndex >= 0 {
@@ -387,7 +461,7 @@ func (s *Service) makeBlockDevices(ctx context.Context, tx *store.Tx, p *createP
 	if p.networkDisk {
 		// The flavor's disk is this volume: its price is the server's.
 		req := volume.ServerVolumeRequest{Caller: c, SizeGB: int64(p.flavor.Disk), ImageID: p.req.ImageRef,
-			FlavorDiskGB: int64(p.flavor.Disk)}
+			FlavorDisk: true, FlavorDiskGB: int64(p.flavor.Disk)}
 		id, err := s.volumes.CreateForServer(ctx, tx, req)
 		if err != nil {
 			return volumeQuotaAsNova(err)
@@ -425,7 +499,7 @@ const volumeWait = 300 * time.Millisecond
 
 // needsAttach reports whether sv has block devices not attached yet.
 func (sv *server) needsAttach() bool {
-	return slices.ContainsFunc(sv.Doc.BlockDevices, func(b blockDevice) bool { return b.AttachmentID == "" })
+	return slices.ContainsFunc(sv.Doc.BlockDevices, func(b blockDevice) bool { return !b.Attached })
 }
 
 // stepBlockDevices attaches a build's volumes once every new one is
@@ -492,11 +566,13 @@ func (s *Service) stepBlockDevices(ctx context.Context, sv *server, started time
 				bd.AttachmentID = att.ID
 			}
 		}
-		for _, bd := range cur.Doc.BlockDevices {
+		for i := range cur.Doc.BlockDevices {
 			// Not yet connected: the spawn connects them for the host.
+			bd := &cur.Doc.BlockDevices[i]
 			if err := s.volumes.Complete(ctx, tx, bd.AttachmentID); err != nil {
 				return err
 			}
+			bd.Attached = true
 		}
 		return s.saveServer(ctx, tx, cur)
 	})
@@ -507,7 +583,8 @@ func (s *Service) stepBlockDevices(ctx context.Context, sv *server, started time
 }
 
 // bootSpec puts sv's boot volume first in sp's volumes, marked Boot, and
-// leaves sp without a local root disk or an image to fetch.
+// leaves sp without a local root disk: a driver boots the volume and
+// fetches no image (sp.Image only describes the guest).
 func bootSpec(sv *server, sp *driver.Spec) error {
 	bd := sv.bootDevice()
 	if bd == nil {
@@ -523,7 +600,6 @@ func bootSpec(sv *server, sp *driver.Spec) error {
 	sp.Volumes = append([]driver.Volume{boot}, rest...)
 	f := sv.Doc.Flavor
 	sp.DiskGB = f.Ephemeral + (f.Swap+1023)/1024
-	sp.ImageID, sp.Image = "", driver.ImageRef{}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package compute_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -33,8 +34,13 @@ func newBFVEnv(t *testing.T, dbURL string) *bfvEnv {
 // createBDM posts a create with block_device_mapping_v2 bdms (JSON) and
 // no imageRef, and returns the status and body.
 func (e *bfvEnv) createBDM(mv, bdms, extra string) (int, map[string]any) {
+	return e.createMapped(mv, "block_device_mapping_v2", bdms, extra)
+}
+
+// createMapped is createBDM with the mappings under key.
+func (e *bfvEnv) createMapped(mv, key, bdms, extra string) (int, map[string]any) {
 	e.t.Helper()
-	body := fmt.Sprintf(`{"server":{"name":"bfv","flavorRef":%q,"networks":"auto","block_device_mapping_v2":%s%s}}`, e.flavorID, bdms, extra)
+	body := fmt.Sprintf(`{"server":{"name":"bfv","flavorRef":%q,"networks":"auto",%q:%s%s}}`, e.flavorID, key, bdms, extra)
 	st, m, _ := e.do("POST", "/servers", e.demo, mv, body)
 	return st, m
 }
@@ -76,22 +82,27 @@ func TestBootFromVolumeSources(t *testing.T) {
 			s, err := snapshots.Get(ctx, e.bs, snap.ID).Extract()
 			return err == nil && s.Status == "available"
 		})
-		existing := e.volume()
+		existing, legacy := e.volume(), e.volume()
 		for _, tc := range []struct {
-			name, bdms string
+			name, key, bdms string
 			// keep: the boot volume outlives the server (no
 			// delete_on_termination), made: compute made it.
 			keep, made bool
 			volumes    int
 		}{
-			{"image", `[{"source_type":"image","destination_type":"volume","uuid":"` + e.imageID + `","boot_index":0,"volume_size":10,"delete_on_termination":true}]`, false, true, 1},
-			{"snapshot", `[{"source_type":"snapshot","destination_type":"volume","uuid":"` + snap.ID + `","boot_index":"0"}]`, true, true, 1},
-			{"volume and blank", `[{"source_type":"volume","uuid":"` + existing + `","boot_index":0},
+			{"image", "", `[{"source_type":"image","destination_type":"volume","uuid":"` + e.imageID + `","boot_index":0,"volume_size":10,"delete_on_termination":true}]`, false, true, 1},
+			{"snapshot", "", `[{"source_type":"snapshot","destination_type":"volume","uuid":"` + snap.ID + `","boot_index":"0"}]`, true, true, 1},
+			{"legacy volume", "block_device_mapping", `[{"volume_id":"` + legacy + `","device_name":"vda","delete_on_termination":false}]`, true, false, 1},
+			{"volume and blank", "", `[{"source_type":"volume","uuid":"` + existing + `","boot_index":0},
 				{"source_type":"blank","destination_type":"volume","volume_size":1,"boot_index":-1,"delete_on_termination":true,"tag":"data"}]`, true, false, 2},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				e.t = t
-				st, m := e.createBDM("2.96", tc.bdms, "")
+				key := tc.key
+				if key == "" {
+					key = "block_device_mapping_v2"
+				}
+				st, m := e.createMapped("2.96", key, tc.bdms, "")
 				if st != 202 {
 					t.Fatalf("create: %d %v", st, m)
 				}
@@ -112,11 +123,11 @@ func TestBootFromVolumeSources(t *testing.T) {
 						boot = a["volumeId"].(string)
 					}
 				}
-				if boot == "" || (!tc.made && boot != existing) {
+				if boot == "" || (!tc.made && boot != existing && boot != legacy) {
 					t.Fatalf("attachments %v: no boot volume on /dev/vda", atts)
 				}
 				sp, ok := e.c.Fake.Spec(id)
-				if !ok || len(sp.Volumes) != tc.volumes || sp.Volumes[0].ID != boot || !sp.Volumes[0].Boot || sp.DiskGB != 0 || sp.ImageID != "" {
+				if !ok || len(sp.Volumes) != tc.volumes || sp.Volumes[0].ID != boot || !sp.Volumes[0].Boot || sp.DiskGB != 0 {
 					t.Fatalf("driver spec: %+v", sp)
 				}
 				if e.c.Fake.BootVolume(id) != boot {
@@ -186,6 +197,7 @@ func TestBootFromVolumeRefused(t *testing.T) {
 			{"unknown snapshot", "2.96", `[{"source_type":"snapshot","uuid":"` + missing + `","boot_index":0}]`, "", 400, "Block Device Mapping is Invalid: failed to get snapshot " + missing + "."},
 			{"another project's volume", "2.96", `[{"source_type":"volume","uuid":"` + theirs.ID + `","boot_index":0}]`, "", 400, "Block Device Mapping is Invalid: failed to get volume " + theirs.ID + "."},
 			{"volume in use", "2.96", `[{"source_type":"volume","uuid":"` + busy + `","boot_index":0}]`, "", 400, "Invalid volume: volume '" + busy + "' status must be 'available'. Currently in 'in-use'"},
+			{"both syntaxes", "2.96", img("") + `,"block_device_mapping":[{"volume_id":"` + busy + `"}]`, "", 400, "Using different block_device_mapping syntaxes is not allowed in the same request."},
 			{"one volume, two servers", "2.96", `[{"source_type":"volume","uuid":"` + busy + `","boot_index":0}]`, `,"max_count":2`, 400, "Cannot attach one or more volumes to multiple instances"},
 			{"volume under the image's min_disk", "2.96", img(`,"volume_size":2`), "", 400, "Volume is smaller than the minimum size specified in image metadata. Volume size is 2147483648 bytes, minimum size is 10737418240 bytes."},
 			{"size from the image", "2.96", img(`,"volume_size":0`), "", 202, ""},
@@ -293,10 +305,24 @@ func TestNetworkDiskFlavor(t *testing.T) {
 		if e.volumeOf(root).Status != "in-use" {
 			t.Errorf("shelved root volume %s", e.volumeOf(root).Status)
 		}
+		// Shelved, the server is not billed: its disk is, as a volume.
+		openSpec := func(id string) string {
+			var raw string
+			if err := e.c.DB.QueryRow(ctx, "SELECT spec FROM metering_periods WHERE resource_id = ? AND ended_at = ''", id).Scan(&raw); err != nil {
+				return err.Error()
+			}
+			return raw
+		}
+		if got := openSpec(root); got != `{"size_gb":12}` {
+			t.Errorf("shelved root volume usage %q", got)
+		}
 		e.action(srv.ID, e.demo, "2.96", `{"unshelve":null}`, 202)
 		e.wait(srv.ID, e.demo, "ACTIVE")
 		if e.c.Fake.BootVolume(srv.ID) != root {
 			t.Errorf("unshelved VM boots from %q, want %s", e.c.Fake.BootVolume(srv.ID), root)
+		}
+		if got := openSpec(root); got != `{"size_gb":2}` {
+			t.Errorf("unshelved root volume usage %q", got)
 		}
 		// Resize keeps the volume.
 		e.flavor("net2", 4, 2048, 10, map[string]string{"hw:cpu_policy": "dedicated", "nimbus:disk_type": "network"})
@@ -336,4 +362,56 @@ func (e *bfvEnv) imageCount() int {
 	return n
 }
 
-
+// TestVolumeBackedImage: createImage of a server booted from a volume
+// takes a Cinder snapshot of the volume and makes an active image of
+// size 0 with Nova's block device mapping properties; a server booted
+// from that image gets a volume made from the snapshot.
+func TestVolumeBackedImage(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		e := newBFVEnv(t, dbURL)
+		ctx := context.Background()
+		st, m := e.createBDM("2.96", `[{"source_type":"image","destination_type":"volume","uuid":"`+e.imageID+`","boot_index":0,"volume_size":10,"delete_on_termination":true}]`, "")
+		if st != 202 {
+			t.Fatalf("create: %d %v", st, m)
+		}
+		first := m["server"].(map[string]any)["id"].(string)
+		root := attachedIDs(e.wait(first, e.demo, "ACTIVE"))[0]
+		imageID := e.action(first, e.demo, "2.96", `{"createImage":{"name":"golden","metadata":{"purpose":"test"}}}`, 202)["image_id"].(string)
+		img := e.must(200, "GET", "/images/"+imageID, e.demo, "2.1", "")["image"].(map[string]any)
+		md := img["metadata"].(map[string]any)
+		if img["status"] != "ACTIVE" || img["OS-EXT-IMG-SIZE:size"] != 0.0 || md["bdm_v2"] != "True" ||
+			md["root_device_name"] != "/dev/vda" || md["purpose"] != "test" || md["instance_uuid"] != first {
+			t.Fatalf("image of a volume-backed server: %v", img)
+		}
+		var mappings []map[string]any
+		if err := json.Unmarshal([]byte(md["block_device_mapping"].(string)), &mappings); err != nil || len(mappings) != 1 ||
+			mappings[0]["boot_index"] != 0.0 || mappings[0]["source_type"] != "snapshot" || mappings[0]["volume_size"] != 10.0 {
+			t.Fatalf("block_device_mapping %v %v", md["block_device_mapping"], err)
+		}
+		snapID := mappings[0]["snapshot_id"].(string)
+		sn, err := snapshots.Get(ctx, e.bs, snapID).Extract()
+		if err != nil || sn.VolumeID != root {
+			t.Fatalf("snapshot %+v %v", sn, err)
+		}
+		testenv.Eventually(t, 20e9, "snapshot available", func() bool {
+			s, err := snapshots.Get(ctx, e.bs, snapID).Extract()
+			return err == nil && s.Status == "available"
+		})
+		// Boot from the image: a volume from the snapshot.
+		body := fmt.Sprintf(`{"server":{"name":"again","imageRef":%q,"flavorRef":%q,"networks":"auto"}}`, imageID, e.flavorID)
+		second := e.must(202, "POST", "/servers", e.demo, "2.96", body)["server"].(map[string]any)["id"].(string)
+		s := e.wait(second, e.demo, "ACTIVE")
+		ids := attachedIDs(s)
+		if len(ids) != 1 || s["image"] != "" {
+			t.Fatalf("server from the image: volumes %v image %v", ids, s["image"])
+		}
+		if v := e.volumeOf(ids[0]); v.SnapshotID != snapID || v.Size != 10 {
+			t.Errorf("its boot volume %+v", v)
+		}
+		if e.c.Fake.BootVolume(second) != ids[0] {
+			t.Errorf("the VM boots from %q", e.c.Fake.BootVolume(second))
+		}
+		e.must(204, "DELETE", "/servers/"+second, e.demo, "2.96", "")
+		e.volumeStatus(ids[0], "deleted")
+	})
+}

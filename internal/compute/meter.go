@@ -43,6 +43,17 @@ func (s *Service) moveMeter(ctx context.Context, q store.Querier, sv *server) er
 	if err := metering.Set(ctx, q, metering.KindServer, sv.ID, sv.ProjectID, spec, s.now()); err != nil {
 		return err
 	}
+	// A network-disk flavor's root volume is paid with the server while
+	// the server is billed, and as a volume while it is not (shelved).
+	if bd := sv.bootDevice(); bd != nil && bd.FlavorDisk && s.volumes != nil {
+		paid := 0
+		if k != (meterKey{}) {
+			paid = sv.Doc.Flavor.Disk
+		}
+		if err := s.volumes.SetFlavorDisk(ctx, q, bd.VolumeID, int64(paid)); err != nil {
+			return err
+		}
+	}
 	sv.metered = k
 	return nil
 }

@@ -322,8 +322,20 @@ func (s *Service) spec(ctx context.Context, sv *server) (driver.Spec, error) {
 		sp.GPUs = c.GPUs
 	}
 
-	if sp.ImageID != "" && !sv.volumeBacked() {
+	if sv.volumeBacked() {
+		// The boot volume holds the data; its image, when the owner may
+		// still read it, describes the guest (hw_ properties), as Nova
+		// reads a volume's image metadata.
+		sp.ImageID = sv.ImageRef
+		if sp.ImageID == "" {
+			sp.ImageID = sv.Doc.BootImage
+		}
+	}
+	if sp.ImageID != "" {
 		img, err := s.bootImage(ctx, sv.ProjectID, sp.ImageID)
+		if err != nil && sv.volumeBacked() && errors.Is(err, errImageUnusable) {
+			img, err = nil, nil
+		}
 		if err != nil {
 			return sp, err
 		}

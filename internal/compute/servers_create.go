@@ -51,8 +51,10 @@ type createReq struct {
 	Hostname                  string
 	Host                      string // 2.74, admin: the host to boot on
 	Hints                     schedulerHints
-	// BDMs are block_device_mapping_v2's entries (block_devices.go).
-	BDMs []bdmReq
+	// BDMs are block_device_mapping_v2's entries, or the legacy
+	// block_device_mapping's (LegacyBDM) (block_devices.go).
+	BDMs      []bdmReq
+	LegacyBDM bool
 }
 
 func isIPv4(s string) bool {
@@ -274,13 +276,11 @@ func parseNetworks(raw json.RawMessage, req *createReq, v Version) error {
 	return nil
 }
 
-// refuseLegacyBDM: Nimbus boots from images only.
-func refuseLegacyBDM(_ *serverBody, field string, raw json.RawMessage) error {
-	return badField(field, raw, "legacy block device mappings are not supported")
-}
-
 // checkBDMv2 reads block_device_mapping_v2 (block_devices.go).
 func checkBDMv2(b *serverBody, field string, raw json.RawMessage) error {
+	if b.has("block_device_mapping") {
+		return api.BadRequest("Using different block_device_mapping syntaxes is not allowed in the same request.")
+	}
 	bdms, err := parseBDMv2(b.v, raw)
 	if err != nil {
 		return err
@@ -336,6 +336,7 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if flavor.Disabled {
 		return nil, api.BadRequest("Flavor is disabled.")
 	}
+	s.imageDefinedBDMs(ctx, c, req)
 	bootImage, err := s.checkBDMSources(ctx, c, req)
 	if err != nil {
 		return nil, err
@@ -468,7 +469,7 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	j, err := s.newPlaceJob(ctx, placeRequest{zone: req.AZ, host: req.Host, group: req.Hints.Group,
-		sameHost: req.Hints.SameHost, differentHost: req.Hints.DifferentHost}, snap, req.MinCount, req.MaxCount)
+		sameHost: req.Hints.SameHost, differentHost: req.Hints.DifferentHost, volumeBacked: bootVolume || networkDisk}, snap, req.MinCount, req.MaxCount)
 	if err != nil {
 		return nil, err
 	}

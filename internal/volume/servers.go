@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"nimbus/internal/api"
@@ -35,8 +36,9 @@ type ServerVolumeRequest struct {
 	ImageID, SnapshotID string
 	// Type is the volume type's name or id ("" : the default).
 	Type string
-	// FlavorDiskGB, when positive, marks the volume as the root disk a
-	// flavor's price includes (FlavorDiskKey).
+	// FlavorDisk marks the volume as the root disk a flavor's price
+	// includes, FlavorDiskGB of it (FlavorDiskKey).
+	FlavorDisk   bool
 	FlavorDiskGB int64
 }
 
@@ -116,7 +118,7 @@ func (s *Service) CreateForServer(ctx context.Context, tx *store.Tx, req ServerV
 	if err := insertVol(ctx, tx, v); err != nil {
 		return "", err
 	}
-	if req.FlavorDiskGB > 0 {
+	if req.FlavorDiskGB >= 0 && req.FlavorDisk {
 		v.AdminMetadata[FlavorDiskKey] = strconv.FormatInt(req.FlavorDiskGB, 10)
 		if _, err := tx.Exec(ctx, "UPDATE volumes SET admin_metadata = ? WHERE id = ?", store.JSON(v.AdminMetadata), v.ID); err != nil {
 			return "", err
@@ -188,4 +190,62 @@ func (s *Service) SetDevice(ctx context.Context, tx *store.Tx, attachmentID, dev
 		return store.ErrNotFound
 	}
 	return nil
+}
+
+// SnapshotForImage takes, in tx, a snapshot of a server's volume for an
+// image of the server (Nova's snapshot_volume_backed: Cinder's
+// create_snapshot_force, so an in-use volume is taken too), as the
+// caller, counted against their quota. It answers the snapshot's id; the
+// data is copied after commit.
+func (s *Service) SnapshotForImage(ctx context.Context, tx *store.Tx, c *api.Caller, volumeID, name string) (string, error) {
+	v, err := ownedVol(ctx, tx, c, volumeID)
+	if err != nil {
+		return "", err
+	}
+	if v.Status != StatusAvailable && v.Status != StatusInUse {
+		return "", invalidVolume("Volume %s status must be available or in-use, but current status is: %s.", v.ID, v.Status)
+	}
+	if err := s.reserveSnapshot(ctx, tx, v); err != nil {
+		return "", err
+	}
+	now := s.now()
+	desc := "snapshot for " + name
+	sn := &snapRow{ID: newID(), ProjectID: v.ProjectID, UserID: c.UserID, VolumeID: v.ID, TypeID: v.TypeID,
+		Name: &desc, Description: &desc, Size: v.Size, Status: SnapCreating, Bootable: v.Bootable,
+		ImageMetadata: v.ImageMetadata, Metadata: map[string]string{}, CreatedAt: now, UpdatedAt: now}
+	if _, err := tx.Exec(ctx, `INSERT INTO volume_snapshots (id, project_id, user_id, volume_id, volume_type_id, name,
+		description, size, status, bootable, image_metadata, metadata, error, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?)`,
+		sn.ID, sn.ProjectID, sn.UserID, sn.VolumeID, sn.TypeID, sn.Name, sn.Description, sn.Size, sn.Status,
+		b2i(sn.Bootable), store.JSON(sn.ImageMetadata), store.JSON(sn.Metadata), store.FormatTime(now), store.FormatTime(now)); err != nil {
+		return "", err
+	}
+	if err := meterSnap(ctx, tx, sn, now); err != nil {
+		return "", err
+	}
+	tx.AfterCommit(func() { s.kick(snapKey + sn.ID) })
+	return sn.ID, nil
+}
+
+// SetFlavorDisk records, in q, how many GiB of a server's root volume its
+// flavor pays for now (FlavorDiskKey): the flavor's disk while the server
+// is billed, 0 while it is not (shelved), so that the volume is charged
+// for the rest. A volume without the mark, or gone, is left alone.
+func (s *Service) SetFlavorDisk(ctx context.Context, q store.Querier, volumeID string, gb int64) error {
+	v, err := getVol(ctx, q, volumeID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	want := strconv.FormatInt(max(gb, 0), 10)
+	if cur, ok := v.AdminMetadata[FlavorDiskKey]; !ok || cur == want {
+		return nil
+	}
+	v.AdminMetadata[FlavorDiskKey] = want
+	if _, err := q.Exec(ctx, "UPDATE volumes SET admin_metadata = ? WHERE id = ?", store.JSON(v.AdminMetadata), v.ID); err != nil {
+		return err
+	}
+	return s.meter(ctx, q, v, s.now())
 }
