@@ -614,3 +614,21 @@ func meteredDiskGB(sv *server) int {
 	}
 	return f.diskGB()
 }
+
+// volumesCreating reports whether a volume made for sv, to be deleted with
+// it and not attached yet, is still being made.
+func (s *Service) volumesCreating(ctx context.Context, sv *server) bool {
+	if s.volumes == nil {
+		return false
+	}
+	owner := &api.Caller{ProjectID: sv.ProjectID, UserID: sv.UserID}
+	for _, bd := range sv.Doc.BlockDevices {
+		if bd.AttachmentID != "" || bd.Source == "volume" || !bd.DeleteOnTermination {
+			continue
+		}
+		if v, err := s.volumes.VolumeForServer(ctx, s.db, owner, bd.VolumeID); err == nil && v.Status == volume.StatusCreating {
+			return true
+		}
+	}
+	return false
+}

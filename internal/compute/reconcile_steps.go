@@ -88,6 +88,11 @@ func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, 
 }
 
 func (s *Service) stepDelete(ctx context.Context, sv *server, started time.Time) error {
+	if s.volumesCreating(ctx, sv) {
+		// A volume still being made for the server cannot be deleted yet:
+		// the delete waits for it rather than leave it behind.
+		return errWaitVolumes
+	}
 	if sv.Host != "" || sv.LaunchedAt != nil {
 		// A server on a host that is down is deleted at once, as Nova's
 		// local delete does; the VM is destroyed as an orphan when the
