@@ -89,6 +89,7 @@ var (
 	bdmUUIDPattern   = regexp.MustCompile(`^[a-zA-Z0-9._-]*$`)
 	bdmDevicePattern = regexp.MustCompile(`^[a-zA-Z0-9._/-]*$`)
 	bdmIntPattern    = regexp.MustCompile(`^-?[0-9]+$`)
+	bdmTagPattern    = regexp.MustCompile(`^[^,/]*$`)
 )
 
 // parseBDMv2 is the block_device_mapping_v2 schema (nova/api/openstack/
@@ -153,7 +154,7 @@ func parseBDMv2(v Version, raw json.RawMessage) ([]bdmReq, error) {
 		if b.Type, err = str("volume_type", 255, nil); err != nil {
 			return nil, err
 		}
-		if b.Tag, err = str("tag", 60, regexp.MustCompile(`^[^,/]*$`)); err != nil {
+		if b.Tag, err = str("tag", 60, bdmTagPattern); err != nil {
 			return nil, err
 		}
 		if _, ok := item["device_name"]; ok && b.Device == "" {
