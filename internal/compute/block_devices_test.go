@@ -136,6 +136,17 @@ func TestBootFromVolumeSources(t *testing.T) {
 				if v := e.volumeOf(boot); v.Status != "in-use" || v.UserID == "" {
 					t.Errorf("boot volume %+v", v)
 				}
+				// Charged once: the volume as a volume, the server without
+				// the flavor's root disk, which it does not use.
+				var srvSpec, volSpec string
+				if err := e.c.DB.QueryRow(context.Background(), "SELECT spec FROM metering_periods WHERE resource_id = ? AND ended_at = ''", id).Scan(&srvSpec); err != nil ||
+					strings.Contains(srvSpec, "disk_gb") {
+					t.Errorf("server usage %q %v", srvSpec, err)
+				}
+				if err := e.c.DB.QueryRow(context.Background(), "SELECT spec FROM metering_periods WHERE resource_id = ? AND ended_at = ''", boot).Scan(&volSpec); err != nil ||
+					!strings.Contains(volSpec, "size_gb") {
+					t.Errorf("boot volume usage %q %v", volSpec, err)
+				}
 				st, m, _ = e.do("DELETE", "/servers/"+id+"/os-volume_attachments/"+boot, e.demo, "2.96", "")
 				if st != 400 || !strings.Contains(fmt.Sprint(m), "Can't detach root device volume") {
 					t.Errorf("detach root: %d %v", st, m)
