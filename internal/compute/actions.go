@@ -321,10 +321,15 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 		if old.ID == nf.ID {
 			return api.BadRequest("When resizing, instances must change flavor!")
 		}
-		if nf.Disk < old.Disk && nf.Disk != 0 {
+		// A volume-backed server's root disk is its volume, which a resize
+		// keeps: the flavor's disk does not apply (compute/api.py resize).
+		// A network-disk flavor's root volume is the flavor's disk, which
+		// does not shrink either.
+		ownVolume := sv.volumeBacked() && !sv.bootDevice().FlavorDisk
+		if nf.Disk < old.Disk && nf.Disk != 0 && !ownVolume {
 			return api.BadRequest("Resize to a disk smaller than the current one is not possible.")
 		}
-		if nf.Disk == 0 && old.Disk != 0 {
+		if nf.Disk == 0 && old.Disk != 0 && !ownVolume {
 			return api.BadRequest("Resize to zero disk flavor is not allowed.")
 		}
 		if err := lockProjectQuota(ctx, tx, sv.ProjectID); err != nil {
@@ -351,7 +356,7 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 			st.Release(*claimed)
 			claimed = nil
 		}
-		req := flavorRequest(snap)
+		req := serverRequest(snap, sv.volumeBacked())
 		req.OnlyHosts = []string{sv.Host}
 		c, err := st.Reserve(req)
 		if err != nil {
@@ -461,10 +466,19 @@ func (s *Service) actRebuild(r *http.Request, arg json.RawMessage) (*api.Respons
 		newPass = randomString(12, passChars)
 	}
 	sv, err := s.intent(r, simpleAction{"rebuild", taskRebuilding, "rebuild"}, func(tx *store.Tx, sv *server) error {
-		if err := imageFits(img, sv.Doc.Flavor.RAM, sv.Doc.Flavor.Disk); err != nil {
+		if sv.volumeBacked() {
+			// compute/api.py rebuild before 2.93 (Nimbus does not reimage
+			// a boot volume): the volume keeps its data, so only the image
+			// it came from may be named.
+			if img.ID != sv.ImageRef && img.ID != sv.Doc.BootImage {
+				return api.BadRequest("Image %s is unacceptable: Unable to rebuild with a different image for a volume-backed server.", img.ID)
+			}
+		} else if err := imageFits(img, sv.Doc.Flavor.RAM, sv.Doc.Flavor.Disk); err != nil {
 			return err
 		}
-		sv.ImageRef = img.ID
+		if !sv.volumeBacked() {
+			sv.ImageRef = img.ID
+		}
 		sv.Doc.OSType = osTypeOf(img)
 		sv.Doc.AdminPass = newPass
 		sv.Doc.OldVMState = sv.VMState
@@ -548,6 +562,9 @@ func (s *Service) actCreateImage(r *http.Request, arg json.RawMessage) (*api.Res
 	meta, err := metadataField(obj, "metadata")
 	if err != nil {
 		return nil, err
+	}
+	if sv, err := s.visibleServer(r.Context(), s.db, r.PathValue("id"), false); err == nil && sv.volumeBacked() && s.volumes != nil {
+		return s.volumeBackedImage(r, *name, meta)
 	}
 	return s.imageAction(r, simpleAction{"createImage", taskImageSnapshot, "createImage"}, *name, meta,
 		map[string]string{"image_type": "snapshot"}, 0)

@@ -379,11 +379,13 @@ type placeRequest struct {
 	group         string   // server group id
 	sameHost      []string // server ids
 	differentHost []string // server ids
+	// volumeBacked: the root disk is a volume, not the host's.
+	volumeBacked bool
 }
 
 func placeRequestOf(sv *server) placeRequest {
 	p := placeRequest{host: sv.Doc.RequestedHost, group: sv.Doc.Group,
-		sameHost: sv.Doc.SameHost, differentHost: sv.Doc.DifferentHost}
+		sameHost: sv.Doc.SameHost, differentHost: sv.Doc.DifferentHost, volumeBacked: sv.volumeBacked()}
 	if sv.Doc.PinnedAZ != nil {
 		p.zone = *sv.Doc.PinnedAZ
 	}
@@ -403,6 +405,17 @@ func flavorRequest(f flavorSnap) scheduler.Request {
 	}
 	if n, err := strconv.Atoi(f.ExtraSpecs["hw:numa_nodes"]); err == nil && n > 0 {
 		req.NUMANodes = n
+	}
+	return req
+}
+
+// serverRequest is flavorRequest for a server that may boot from a
+// volume: then its root disk is not the host's (Nova claims no root_gb
+// for a volume-backed instance), only its ephemeral and swap disks are.
+func serverRequest(f flavorSnap, volumeBacked bool) scheduler.Request {
+	req := flavorRequest(f)
+	if volumeBacked && req.DiskGB > 0 {
+		req.DiskGB = f.Ephemeral + (f.Swap+1023)/1024
 	}
 	return req
 }
@@ -608,7 +621,7 @@ func (s *Service) newPlaceJob(ctx context.Context, p placeRequest, f flavorSnap,
 	if err != nil {
 		return nil, err
 	}
-	req := flavorRequest(f)
+	req := serverRequest(f, p.volumeBacked)
 	req.Zone, req.OnlyHosts, req.AvoidHosts = base.Zone, base.OnlyHosts, base.AvoidHosts
 	return &placeJob{req: req, rule: rule, least: least, most: most}, nil
 }
@@ -760,7 +773,7 @@ func (s *Service) backfillClaims(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		req := flavorRequest(sv.Doc.Flavor)
+		req := serverRequest(sv.Doc.Flavor, sv.volumeBacked())
 		req.OnlyHosts = []string{sv.Host}
 		c, err := st.Reserve(req)
 		if err != nil {

@@ -25,7 +25,7 @@ func meterKeyOf(sv *server) meterKey {
 		return meterKey{}
 	}
 	f := sv.Doc.Flavor
-	return meterKey{f.ID, f.VCPUs, f.RAM, f.diskGB(), sv.Doc.OSType}
+	return meterKey{f.ID, f.VCPUs, f.RAM, meteredDiskGB(sv), sv.Doc.OSType}
 }
 
 // moveMeter records sv's usage period when what it is billed as changed.
@@ -37,11 +37,22 @@ func (s *Service) moveMeter(ctx context.Context, q store.Querier, sv *server) er
 	var spec *metering.Spec
 	if k != (meterKey{}) {
 		f := sv.Doc.Flavor
-		sp := metering.ServerSpec(f.Name, int64(f.VCPUs), int64(f.RAM), int64(f.diskGB()), f.ExtraSpecs, sv.Doc.OSType)
+		sp := metering.ServerSpec(f.Name, int64(f.VCPUs), int64(f.RAM), int64(meteredDiskGB(sv)), f.ExtraSpecs, sv.Doc.OSType)
 		spec = &sp
 	}
 	if err := metering.Set(ctx, q, metering.KindServer, sv.ID, sv.ProjectID, spec, s.now()); err != nil {
 		return err
+	}
+	// A network-disk flavor's root volume is paid with the server while
+	// the server is billed, and as a volume while it is not (shelved).
+	if bd := sv.bootDevice(); bd != nil && bd.FlavorDisk && s.volumes != nil {
+		paid := 0
+		if k != (meterKey{}) {
+			paid = sv.Doc.Flavor.Disk
+		}
+		if err := s.volumes.SetFlavorDisk(ctx, q, bd.VolumeID, int64(paid)); err != nil {
+			return err
+		}
 	}
 	sv.metered = k
 	return nil
@@ -74,7 +85,7 @@ func (s *Service) backfillMeter(ctx context.Context) error {
 	}
 	for _, sv := range missing {
 		f := sv.Doc.Flavor
-		spec := metering.ServerSpec(f.Name, int64(f.VCPUs), int64(f.RAM), int64(f.diskGB()), f.ExtraSpecs, sv.Doc.OSType)
+		spec := metering.ServerSpec(f.Name, int64(f.VCPUs), int64(f.RAM), int64(meteredDiskGB(sv)), f.ExtraSpecs, sv.Doc.OSType)
 		if err := s.db.Tx(ctx, func(tx *store.Tx) error {
 			return metering.Set(ctx, tx, metering.KindServer, sv.ID, sv.ProjectID, &spec, sv.CreatedAt)
 		}); err != nil {

@@ -322,8 +322,20 @@ func (s *Service) spec(ctx context.Context, sv *server) (driver.Spec, error) {
 		sp.GPUs = c.GPUs
 	}
 
+	if sv.volumeBacked() {
+		// The boot volume holds the data; its image, when the owner may
+		// still read it, describes the guest (hw_ properties), as Nova
+		// reads a volume's image metadata.
+		sp.ImageID = sv.ImageRef
+		if sp.ImageID == "" {
+			sp.ImageID = sv.Doc.BootImage
+		}
+	}
 	if sp.ImageID != "" {
 		img, err := s.bootImage(ctx, sv.ProjectID, sp.ImageID)
+		if err != nil && sv.volumeBacked() && errors.Is(err, errImageUnusable) {
+			img, err = nil, nil
+		}
 		if err != nil {
 			return sp, err
 		}
@@ -350,7 +362,7 @@ func (s *Service) spec(ctx context.Context, sv *server) (driver.Spec, error) {
 	if sp.Volumes, err = s.specVolumes(ctx, sv); err != nil {
 		return sp, err
 	}
-	return sp, nil
+	return sp, bootSpec(sv, &sp)
 }
 
 // errImageUnusable is wrapped by spec's errors for an image the server's
@@ -524,6 +536,8 @@ func (s *Service) step(ctx context.Context, sv *server) (bool, error) {
 			}
 			return s.saveServer(ctx, tx, cur)
 		})
+	case sv.VMState == vmBuilding && task == taskSpawning && sv.needsAttach():
+		err = s.stepBlockDevices(ctx, sv, started)
 	case sv.VMState == vmBuilding && task == taskSpawning:
 		err = s.stepSpawn(ctx, sv, started, "compute_build_and_run_instance")
 	case task == taskPoweringOff:
@@ -579,6 +593,15 @@ func (s *Service) step(ctx context.Context, sv *server) (bool, error) {
 			cur.TaskState = ""
 			return s.saveServer(ctx, tx, cur)
 		})
+	}
+	if errors.Is(err, errWaitVolumes) {
+		id := sv.ID
+		time.AfterFunc(volumeWait, func() {
+			if ctx.Err() == nil {
+				s.enqueue(id)
+			}
+		})
+		return false, nil
 	}
 	if err != nil {
 		if ctx.Err() != nil {

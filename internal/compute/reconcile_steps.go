@@ -3,11 +3,13 @@ package compute
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"nimbus/internal/driver"
 	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
+	"nimbus/internal/volume"
 )
 
 // simpleStep runs one driver call and, on success, moves the server to vm
@@ -86,6 +88,11 @@ func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, 
 }
 
 func (s *Service) stepDelete(ctx context.Context, sv *server, started time.Time) error {
+	if s.volumesCreating(ctx, sv) {
+		// A volume still being made for the server cannot be deleted yet:
+		// the delete waits for it rather than leave it behind.
+		return errWaitVolumes
+	}
 	if sv.Host != "" || sv.LaunchedAt != nil {
 		// A server on a host that is down is deleted at once, as Nova's
 		// local delete does; the VM is destroyed as an orphan when the
@@ -104,6 +111,14 @@ func (s *Service) stepDelete(ctx context.Context, sv *server, started time.Time)
 	err = s.commit(ctx, sv.ID, taskDeleting, func(tx *store.Tx, cur *server) error {
 		if err := s.removeVolumes(ctx, tx, atts); err != nil {
 			return err
+		}
+		// Volumes made for the server that it never got attached.
+		for _, bd := range cur.Doc.BlockDevices {
+			if bd.DeleteOnTermination && bd.Source != "volume" && !slices.ContainsFunc(atts, func(a volume.Attachment) bool { return a.VolumeID == bd.VolumeID }) {
+				if err := s.volumes.DeleteTerminated(ctx, tx, bd.VolumeID); err != nil && !errors.Is(err, store.ErrNotFound) {
+					return err
+				}
+			}
 		}
 		cur.Doc.VolumeOps = nil
 		if err := s.networks.ReleaseServer(ctx, tx, cur.ID); err != nil {
@@ -138,7 +153,10 @@ func (s *Service) stepShelve(ctx context.Context, sv *server, started time.Time)
 	// The shelved image is made in its own transaction; when the image
 	// service cannot make one the server is shelved without it.
 	imageID := sv.Doc.Shelved.ImageID
-	if imageID == "" {
+	// A server booted from a volume keeps its disk there: Nova uploads no
+	// image and offloads it at once (shelve_offload of a volume-backed
+	// instance).
+	if imageID == "" && !sv.volumeBacked() {
 		var base = s.imageBase(ctx, sv.ProjectID, sv.ImageRef)
 		err := s.db.Tx(ctx, func(tx *store.Tx) error {
 			img, err := s.images.CreateShelveImage(ctx, tx, sv.ProjectID, sv.Name+"-shelved",

@@ -73,7 +73,7 @@ var serverFields = []serverField{
 	{"name", mvNeed, mvAll, textField(nameValid, func(b *serverBody, s string) { b.Name = s })},
 	{"flavorRef", mvNeed, nil, checkFlavorRef},
 	{"imageRef", mvAll, mvNeed, checkImageRef},
-	{"block_device_mapping", mvAll, nil, refuseLegacyBDM},
+	{"block_device_mapping", mvAll, nil, checkLegacyBDM},
 	{"block_device_mapping_v2", mvAll, nil, checkBDMv2},
 	{"adminPass", mvAll, mvAll, textField(nil, func(b *serverBody, s string) { b.AdminPass = s })},
 	{"key_name", mvAll, &accepts{since: 54, null: true}, textField(lengthValid(1, 255), func(b *serverBody, s string) { b.KeyName = s })},

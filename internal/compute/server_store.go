@@ -93,6 +93,12 @@ type serverDoc struct {
 	// reconcile worker owes (volume_attachments_work.go). Only compute
 	// writes them.
 	VolumeOps []volumeOp `json:"volume_ops,omitempty"`
+	// BlockDevices are the volumes the server was created with, its boot
+	// volume among them (block_devices.go). Only compute writes them.
+	BlockDevices []blockDevice `json:"block_devices,omitempty"`
+	// BootImage is the image a boot volume's data came from, as far as
+	// the create knew it ("" when none).
+	BootImage string `json:"boot_image,omitempty"`
 }
 
 // shelveState is what shelve keeps until unshelve or delete.

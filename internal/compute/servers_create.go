@@ -51,6 +51,10 @@ type createReq struct {
 	Hostname                  string
 	Host                      string // 2.74, admin: the host to boot on
 	Hints                     schedulerHints
+	// BDMs are block_device_mapping_v2's entries, or the legacy
+	// block_device_mapping's (LegacyBDM) (block_devices.go).
+	BDMs      []bdmReq
+	LegacyBDM bool
 }
 
 func isIPv4(s string) bool {
@@ -177,8 +181,11 @@ func parseCreate(r *http.Request, v Version) (*createReq, error) {
 	}
 	req := &b.createReq
 	req.Hints = hints
-	if req.ImageRef == "" {
-		return nil, api.BadRequest("Block Device Mapping is Invalid: Boot sequence for the instance and image/block device mapping combination is not valid.")
+	if err := createCounts(req); err != nil {
+		return nil, err
+	}
+	if err := checkBootSequence(req); err != nil {
+		return nil, err
 	}
 	if req.DiskConfig == "" {
 		req.DiskConfig = "MANUAL"
@@ -189,7 +196,7 @@ func parseCreate(r *http.Request, v Version) (*createReq, error) {
 	if !b.has("networks") {
 		req.NetMode = "auto"
 	}
-	return req, createCounts(req)
+	return req, nil
 }
 
 // createCounts defaults and bounds min_count and max_count (0: not given).
@@ -269,34 +276,16 @@ func parseNetworks(raw json.RawMessage, req *createReq, v Version) error {
 	return nil
 }
 
-// refuseLegacyBDM: Nimbus boots from images only.
-func refuseLegacyBDM(_ *serverBody, field string, raw json.RawMessage) error {
-	return badField(field, raw, "legacy block device mappings are not supported")
-}
-
-// checkBDMv2 accepts an image-to-local boot device in place of imageRef and
-// refuses volumes, which Nimbus does not have yet.
+// checkBDMv2 reads block_device_mapping_v2 (block_devices.go).
 func checkBDMv2(b *serverBody, field string, raw json.RawMessage) error {
-	var bdms []map[string]any
-	if err := json.Unmarshal(raw, &bdms); err != nil {
-		return badField(field, raw, fmt.Sprintf("%s is not of type 'array'", raw))
+	if b.has("block_device_mapping") {
+		return api.BadRequest("Using different block_device_mapping syntaxes is not allowed in the same request.")
 	}
-	for _, m := range bdms {
-		src, _ := m["source_type"].(string)
-		dst, _ := m["destination_type"].(string)
-		if src == "volume" || src == "snapshot" || dst == "volume" {
-			return api.BadRequest("Block Device Mapping is Invalid: volumes are not supported by this cloud yet.")
-		}
-		if src == "image" {
-			id, _ := m["uuid"].(string)
-			if !uuidRE.MatchString(id) {
-				return api.BadRequest("Block Device Mapping is Invalid: image uuid %q is not valid.", id)
-			}
-			if b.ImageRef == "" {
-				b.ImageRef = id
-			}
-		}
+	bdms, err := parseBDMv2(b.v, raw)
+	if err != nil {
+		return err
 	}
+	b.BDMs = bdms
 	return nil
 }
 
@@ -347,16 +336,41 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if flavor.Disabled {
 		return nil, api.BadRequest("Flavor is disabled.")
 	}
-	img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), req.ImageRef)
+	s.imageDefinedBDMs(ctx, c, req)
+	bootImage, err := s.checkBDMSources(ctx, c, req)
 	if err != nil {
-		return nil, notFoundAs(err, api.BadRequest("Can not find requested image"))
-	}
-	if img.Status != "active" {
-		return nil, api.BadRequest("Image %s is not active.", img.ID)
-	}
-	if err := imageFits(img, flavor.RAM, flavor.Disk); err != nil {
 		return nil, err
 	}
+	bootVolume := req.bootVolumeReq() != nil
+	if bootVolume {
+		// Nova keeps no image for a server booted from a volume it was
+		// asked for (its view shows "image": "").
+		req.ImageRef = ""
+	}
+	osType := ""
+	if req.ImageRef != "" {
+		img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), req.ImageRef)
+		if err != nil {
+			return nil, notFoundAs(err, api.BadRequest("Can not find requested image"))
+		}
+		if img.Status != "active" {
+			return nil, api.BadRequest("Image %s is not active.", img.ID)
+		}
+		if err := imageFits(img, flavor.RAM, flavor.Disk); err != nil {
+			return nil, err
+		}
+		osType = osTypeOf(img)
+	} else if bootImage != "" {
+		// The OS of the boot volume's image, as far as the caller sees it.
+		if img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), bootImage); err == nil {
+			if img.MinRAM > flavor.RAM {
+				return nil, api.BadRequest("Flavor's memory is too small for requested image.")
+			}
+			osType = osTypeOf(img)
+		}
+	}
+	// A network-disk flavor boots an image from a volume made of it.
+	networkDisk := !bootVolume && s.volumes != nil && flavor.ExtraSpecs["nimbus:disk_type"] == "network"
 	var kp *Keypair
 	if req.KeyName != "" {
 		if kp, err = s.getKeypair(ctx, s.db, c.UserID, req.KeyName); err != nil {
@@ -455,12 +469,13 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	j, err := s.newPlaceJob(ctx, placeRequest{zone: req.AZ, host: req.Host, group: req.Hints.Group,
-		sameHost: req.Hints.SameHost, differentHost: req.Hints.DifferentHost}, snap, req.MinCount, req.MaxCount)
+		sameHost: req.Hints.SameHost, differentHost: req.Hints.DifferentHost, volumeBacked: bootVolume || networkDisk}, snap, req.MinCount, req.MaxCount)
 	if err != nil {
 		return nil, err
 	}
-	plan := &createPlan{req: req, caller: c, flavor: flavor, snap: snap, osType: osTypeOf(img), kp: kp, nets: nets,
-		sgs: sgs, rid: rid, pinned: pinned, publicIP: publicIP, requestID: api.RequestID(ctx)}
+	plan := &createPlan{req: req, caller: c, flavor: flavor, snap: snap, osType: osType, kp: kp, nets: nets,
+		sgs: sgs, rid: rid, pinned: pinned, publicIP: publicIP, requestID: api.RequestID(ctx),
+		volumeBDMs: req.volumeBDMs(), networkDisk: networkDisk, bootImage: bootImage}
 	var created []*server
 	j.recordShort = true
 	j.write = func(tx *store.Tx, claims []scheduler.Claim, zones map[string]string) (keys []string, err error) {
@@ -504,6 +519,12 @@ type createPlan struct {
 	pinned    *string
 	publicIP  bool
 	requestID string
+	// volumeBDMs are the volumes to make or use for each server, and
+	// networkDisk asks for a root volume of the flavor's disk
+	// (block_devices.go).
+	volumeBDMs  []bdmReq
+	networkDisk bool
+	bootImage   string
 }
 
 // insertCreate is a create's placing transaction: as many servers as the
@@ -544,6 +565,9 @@ func (s *Service) insertCreate(ctx context.Context, tx *store.Tx, p *createPlan,
 			sv.Doc.Fault = &faultDoc{Code: 500, Message: errNoValidHost.Error(), Details: errNoValidHost.Error(), Created: now}
 		} else {
 			sv.Host, sv.AZ = claims[i].Host, zones[claims[i].Host]
+			if err := s.makeBlockDevices(ctx, tx, p, sv); err != nil {
+				return nil, nil, err
+			}
 		}
 		if err := s.insertCreated(ctx, tx, p, sv, now); err != nil {
 			return nil, nil, err
@@ -583,6 +607,9 @@ func (p *createPlan) newServer(i, count int, now time.Time) *server {
 	}
 	if p.kp != nil {
 		sv.Doc.PublicKey = p.kp.PublicKey
+	}
+	if p.req.bootVolumeReq() != nil {
+		sv.Doc.BootImage = p.bootImage
 	}
 	if sv.Doc.OSType == "windows" {
 		sv.Doc.Password = encryptPassword(sv.Doc.PublicKey, req.AdminPass)

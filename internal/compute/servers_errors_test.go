@@ -115,7 +115,7 @@ func TestServerBadInput(t *testing.T) {
 			{"zero count", "2.96", srv(`"name":"a","min_count":0,` + ok), 400, ""},
 			{"bad count", "2.96", srv(`"name":"a","min_count":"x",` + ok), 400, ""},
 			{"unknown az", "2.96", srv(`"name":"a","availability_zone":"mars",` + ok), 400, "availability zone"},
-			{"volume bdm", "2.96", srv(fmt.Sprintf(`"name":"a","flavorRef":%q,"networks":"auto","block_device_mapping_v2":[{"source_type":"volume","uuid":%q,"destination_type":"volume","boot_index":0}]`, fl, img)), 400, "volumes"},
+			{"volume bdm", "2.96", srv(fmt.Sprintf(`"name":"a","flavorRef":%q,"networks":"auto","block_device_mapping_v2":[{"source_type":"volume","uuid":%q,"destination_type":"volume","boot_index":0}]`, fl, img)), 400, "Block Device Mapping is Invalid: failed to get volume " + img + "."},
 			{"description before 2.19", "2.18", srv(`"name":"a","description":"x",` + fmt.Sprintf(`"imageRef":%q,"flavorRef":%q`, img, fl)), 400, "Additional properties"},
 			{"hostname with max_count", "2.96", srv(`"name":"a","hostname":"h","max_count":2,` + ok), 400, ""},
 			{"bad hostname", "2.96", srv(`"name":"a","hostname":"-bad-",` + ok), 400, ""},

@@ -7,6 +7,7 @@ package compute
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -60,6 +61,7 @@ type Images interface {
 	List(ctx context.Context, c *api.Caller) ([]*image.Image, error)
 	Delete(ctx context.Context, id string) error
 	CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *image.Image, licence string) (*image.Image, error)
+	FinishSnapshot(ctx context.Context, id, diskFormat string, data io.Reader) error
 	CreateShelveImage(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *image.Image, licence string) (*image.Image, error)
 	Backups(ctx context.Context, owner, instance, backupType string) ([]*image.Image, error)
 }
@@ -100,6 +102,13 @@ type Volumes interface {
 	DeleteTerminated(ctx context.Context, tx *store.Tx, volumeID string) error
 	Attachments(ctx context.Context, q store.Querier, serverIDs ...string) (map[string][]volume.Attachment, error)
 	AttachmentByID(ctx context.Context, q store.Querier, id string) (volume.Attachment, error)
+	// For boot from volume (block_devices.go).
+	CreateForServer(ctx context.Context, tx *store.Tx, req volume.ServerVolumeRequest) (string, error)
+	SnapshotForImage(ctx context.Context, tx *store.Tx, c *api.Caller, volumeID, name string) (string, error)
+	VolumeForServer(ctx context.Context, q store.Querier, c *api.Caller, id string) (volume.ServerVolume, error)
+	SnapshotForServer(ctx context.Context, q store.Querier, c *api.Caller, id string) (int64, string, error)
+	SetDevice(ctx context.Context, tx *store.Tx, attachmentID, device string) error
+	SetFlavorDisk(ctx context.Context, q store.Querier, volumeID string, gb int64) error
 }
 
 // Projects is what compute needs of the identity service

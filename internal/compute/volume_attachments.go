@@ -385,6 +385,10 @@ func (s *Service) handleVolumeDetach(r *http.Request) (*api.Response, error) {
 		if !ok {
 			return notAttached(sv.ID, volumeID)
 		}
+		// nova/api/openstack/compute/volume_attachments.py delete
+		if bd := sv.bootDevice(); bd != nil && bd.VolumeID == volumeID {
+			return api.BadRequest("Can't detach root device volume")
+		}
 		if err := checkState(sv, "detach_volume", c); err != nil {
 			return err
 		}

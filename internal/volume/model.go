@@ -145,10 +145,13 @@ func insertVol(ctx context.Context, q store.Querier, v *volRow) error {
 // the transaction that changed them (internal/metering): open from
 // creation, a new period when the size changes, closed on delete.
 func (s *Service) meter(ctx context.Context, q store.Querier, v *volRow, at time.Time) error {
-	if !billable(v.Status) {
+	// A server's root volume that its flavor pays for is charged for what
+	// it grew past the flavor's disk only (servers.go FlavorDiskKey).
+	size := v.Size - flavorDiskGB(v)
+	if !billable(v.Status) || size <= 0 {
 		return metering.Set(ctx, q, metering.KindVolume, v.ID, v.ProjectID, nil, at)
 	}
-	return metering.Set(ctx, q, metering.KindVolume, v.ID, v.ProjectID, &metering.Spec{SizeGB: v.Size}, at)
+	return metering.Set(ctx, q, metering.KindVolume, v.ID, v.ProjectID, &metering.Spec{SizeGB: size}, at)
 }
 
 // setStatus moves a volume to status in q and meters it, when its status

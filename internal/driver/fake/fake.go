@@ -525,6 +525,10 @@ func (v *vm) boot() {
 	if host == "" {
 		host = "server-" + v.ID
 	}
+	if b := v.bootVolume(); b != "" {
+		// The root disk is the boot volume, as the qemu driver gives it.
+		v.console("SeaBIOS (version 1.16.2)", "Booting from volume "+b+" (virtio serial "+b[:min(20, len(b))]+")...")
+	}
 	if v.Spec.OSType == "windows" {
 		v.console("SeaBIOS (version 1.16.2)", "Booting from Hard Disk...",
 			"Windows Boot Manager", "cloudbase-init: setting hostname to "+host,
@@ -554,6 +558,9 @@ func (v *vm) boot() {
 func (d *Driver) Spawn(ctx context.Context, spec driver.Spec) error {
 	if spec.ServerID == "" {
 		return errors.New("fake: spawn: no server id")
+	}
+	if err := checkBootVolume(spec); err != nil {
+		return err
 	}
 	if err := d.wait(ctx, OpSpawn); err != nil {
 		return err

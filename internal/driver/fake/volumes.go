@@ -2,6 +2,7 @@ package fake
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	"nimbus/internal/driver"
@@ -59,4 +60,42 @@ func (d *Driver) ExtendVolume(ctx context.Context, id, volumeID string, sizeByte
 		v.Spec.Volumes[k].Conn.SizeBytes = sizeBytes
 		return nil
 	})
+}
+
+// checkBootVolume refuses a spec the qemu driver could not boot: a boot
+// volume that is not the first volume, more than one, or one with no
+// connection; a spec without one boots its image.
+func checkBootVolume(spec driver.Spec) error {
+	for i, v := range spec.Volumes {
+		if !v.Boot {
+			continue
+		}
+		if i != 0 {
+			return fmt.Errorf("fake: spawn %s: boot volume %s is not the first volume", spec.ServerID, v.ID)
+		}
+		if v.Conn.Driver == "" {
+			return fmt.Errorf("fake: spawn %s: boot volume %s has no connection", spec.ServerID, v.ID)
+		}
+	}
+	return nil
+}
+
+// bootVolume is the id of the volume the VM boots from, "" when it boots
+// its image from its host's disk.
+func (v *vm) bootVolume() string {
+	if len(v.Spec.Volumes) > 0 && v.Spec.Volumes[0].Boot {
+		return v.Spec.Volumes[0].ID
+	}
+	return ""
+}
+
+// BootVolume is the volume server id boots from ("" when it boots its
+// image, or is not in the fleet).
+func (d *Driver) BootVolume(id string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if v, ok := d.vms[id]; ok {
+		return v.bootVolume()
+	}
+	return ""
 }
