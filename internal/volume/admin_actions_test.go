@@ -95,7 +95,23 @@ func TestLicenceIgnoresImageMetadata(t *testing.T) {
 	snap := e.want(t, 202, "POST", "/v3/snapshots", e.demoTok, `{"snapshot":{"volume_id":"`+vol+`"}}`)["snapshot"].(map[string]any)["id"].(string)
 	waitSnap(t, e.demo, snap, "available")
 	fromSnap := e.volumeFrom(t, e.demoTok, `{"volume":{"size":1,"snapshot_id":"`+snap+`"}}`)
-	for _, v := range []string{vol, clone, fromSnap} {
+	// A backup restored to a new volume, and onto a blank one, brings the
+	// source image (and the volume's metadata) with its data.
+	e.want(t, 200, "POST", "/v3/volumes/"+vol+"/metadata", e.demoTok, `{"metadata":{"role":"db"}}`)
+	bk := e.want(t, 202, "POST", "/v3/backups", e.demoTok, `{"backup":{"volume_id":"`+vol+`"}}`)["backup"].(map[string]any)["id"].(string)
+	waitBackup(t, e.demo, bk, "available")
+	restored := e.want(t, 202, "POST", "/v3/backups/"+bk+"/restore", e.demoTok, `{"restore":{}}`)["restore"].(map[string]any)["volume_id"].(string)
+	waitStatus(t, e.demo, restored, "available")
+	blank := e.volumeFrom(t, e.demoTok, `{"volume":{"size":1}}`)
+	e.want(t, 202, "POST", "/v3/backups/"+bk+"/restore", e.demoTok, `{"restore":{"volume_id":"`+blank+`"}}`)
+	waitStatus(t, e.demo, blank, "available")
+	for _, v := range []string{restored, blank} {
+		m := e.want(t, 200, "GET", "/v3/volumes/"+v, e.demoTok, "")["volume"].(map[string]any)
+		if md := m["metadata"].(map[string]any); md["role"] != "db" || m["bootable"] != "true" {
+			t.Errorf("restored volume %s: metadata %v bootable %v", v, md, m["bootable"])
+		}
+	}
+	for _, v := range []string{vol, clone, fromSnap, restored, blank} {
 		e.want(t, 200, "POST", "/v3/volumes/"+v+"/action", e.demoTok, `{"os-unset_image_metadata":{"key":"image_id"}}`)
 		up := e.want(t, 202, "POST", "/v3/volumes/"+v+"/action", e.demoTok,
 			`{"os-volume_upload_image":{"image_name":"mine"}}`)["os-volume_upload_image"].(map[string]any)
@@ -109,6 +125,10 @@ func TestLicenceIgnoresImageMetadata(t *testing.T) {
 		if got.Licence != img.LicenceWindows {
 			t.Errorf("volume %s: uploaded image's licence %q, want %q", v, got.Licence, img.LicenceWindows)
 		}
+		// The volumes hold the same bytes, and an image takes the licence
+		// of another with its data: each upload must stand on its own.
+		resp, raw := testenv.Do(t, e.http, "DELETE", e.c.ImageURL+"/v2/images/"+id, e.demoTok, "")
+		testenv.MustStatus(t, resp, raw, 204)
 		waitStatus(t, e.demo, v, "available")
 	}
 }
@@ -192,6 +212,8 @@ func (e *env) testTypeWriteViews(t *testing.T) {
 			t.Errorf("update answers %s: %v", k, updated)
 		}
 	}
+	// Extra specs of null are refused, not taken for none.
+	e.want(t, 400, "POST", "/v3/types/"+id+"/extra_specs", e.adTok, `{"extra_specs":null}`)
 	shown := e.want(t, 200, "GET", "/v3/types/"+id, e.adTok, "")["volume_type"].(map[string]any)
 	if _, ok := shown["qos_specs_id"]; !ok {
 		t.Errorf("an admin's show lacks qos_specs_id: %v", shown)

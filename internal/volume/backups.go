@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -49,27 +50,47 @@ type bkRow struct {
 	Status, ParentID, RestoreVolume string
 	VolumeStatus                    string // the volume's status before the copy
 	Metadata                        map[string]string
-	FailReason                      string
-	Dependents                      int64
-	DataTimestamp                   time.Time
-	CreatedAt, UpdatedAt            time.Time
+	// Vol is what the backup keeps of its volume besides the data, for a
+	// restore to give back: its metadata, image metadata, bootable flag
+	// and service-written source image.
+	Vol                  backupVolume
+	FailReason           string
+	Dependents           int64
+	DataTimestamp        time.Time
+	CreatedAt, UpdatedAt time.Time
 }
 
 const bkColumns = `b.id, b.project_id, b.user_id, b.volume_id, b.name, b.description, b.container, b.size, b.object_count,
 	b.status, b.parent_id, b.restore_volume_id, b.volume_status, b.metadata, b.fail_reason,
-	(SELECT COUNT(*) FROM volume_backups c WHERE c.parent_id = b.id), b.data_timestamp, b.created_at, b.updated_at`
+	(SELECT COUNT(*) FROM volume_backups c WHERE c.parent_id = b.id), b.data_timestamp, b.created_at, b.updated_at,
+	b.volume_metadata, b.image_metadata, b.bootable, b.source_image_id`
+
+// backupVolume is what a backup keeps of its volume besides the data.
+type backupVolume struct {
+	Metadata, ImageMetadata map[string]string
+	Bootable                bool
+	SourceImageID           string
+}
 
 func scanBackup(sc interface{ Scan(...any) error }) (*bkRow, error) {
 	b := &bkRow{}
-	var meta, ts, created, updated string
+	var meta, ts, created, updated, vmeta, imeta string
+	var boot int
 	if err := sc.Scan(&b.ID, &b.ProjectID, &b.UserID, &b.VolumeID, &b.Name, &b.Description, &b.Container, &b.Size,
-		&b.ObjectCount, &b.Status, &b.ParentID, &b.RestoreVolume, &b.VolumeStatus, &meta, &b.FailReason, &b.Dependents, &ts, &created, &updated); err != nil {
+		&b.ObjectCount, &b.Status, &b.ParentID, &b.RestoreVolume, &b.VolumeStatus, &meta, &b.FailReason, &b.Dependents, &ts, &created, &updated,
+		&vmeta, &imeta, &boot, &b.Vol.SourceImageID); err != nil {
 		return nil, err
 	}
-	b.Metadata = map[string]string{}
-	if err := store.FromJSON(meta, &b.Metadata); err != nil {
-		return nil, err
+	b.Metadata, b.Vol.Metadata, b.Vol.ImageMetadata = map[string]string{}, map[string]string{}, map[string]string{}
+	for _, m := range []struct {
+		raw string
+		dst *map[string]string
+	}{{meta, &b.Metadata}, {vmeta, &b.Vol.Metadata}, {imeta, &b.Vol.ImageMetadata}} {
+		if err := store.FromJSON(m.raw, m.dst); err != nil {
+			return nil, err
+		}
 	}
+	b.Vol.Bootable = boot != 0
 	b.DataTimestamp, b.CreatedAt, b.UpdatedAt = store.ParseTime(ts), store.ParseTime(created), store.ParseTime(updated)
 	return b, nil
 }
@@ -283,12 +304,15 @@ func (s *Service) createBackup(r *http.Request) (*api.Response, error) {
 		now := s.now()
 		b = &bkRow{ID: newID(), ProjectID: c.ProjectID, UserID: c.UserID, VolumeID: v.ID, Name: req.name,
 			Description: req.description, Container: req.cont, Size: v.Size, Status: backupCreating, ParentID: parent,
-			VolumeStatus: prev, Metadata: req.metadata, DataTimestamp: now, CreatedAt: now, UpdatedAt: now}
+			VolumeStatus: prev, Metadata: req.metadata, DataTimestamp: now, CreatedAt: now, UpdatedAt: now,
+			Vol: backupVolume{Metadata: v.Metadata, ImageMetadata: v.ImageMetadata, Bootable: v.Bootable, SourceImageID: v.SourceImageID}}
 		if _, err := tx.Exec(ctx, `INSERT INTO volume_backups (id, project_id, user_id, volume_id, name, description, container,
-			size, status, parent_id, volume_status, metadata, data_timestamp, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			size, status, parent_id, volume_status, metadata, data_timestamp, created_at, updated_at,
+			volume_metadata, image_metadata, bootable, source_image_id)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			b.ID, b.ProjectID, b.UserID, b.VolumeID, b.Name, b.Description, b.Container, b.Size, b.Status, b.ParentID, b.VolumeStatus,
-			store.JSON(b.Metadata), store.FormatTime(now), store.FormatTime(now), store.FormatTime(now)); err != nil {
+			store.JSON(b.Metadata), store.FormatTime(now), store.FormatTime(now), store.FormatTime(now),
+			store.JSON(b.Vol.Metadata), store.JSON(b.Vol.ImageMetadata), b2i(b.Vol.Bootable), b.Vol.SourceImageID); err != nil {
 			return err
 		}
 		if err := meterBackup(ctx, tx, b, now); err != nil {
@@ -494,7 +518,8 @@ func (s *Service) restoreVolume(ctx context.Context, tx *store.Tx, c *api.Caller
 	}
 	desc := "auto-created_from_restore_from_backup"
 	v := &volRow{ID: newID(), ProjectID: c.ProjectID, UserID: c.UserID, Name: name, Description: &desc, Size: b.Size,
-		Status: volRestoring, Zone: AvailabilityZone, Metadata: map[string]string{}, ImageMetadata: map[string]string{}}
+		Status: volRestoring, Zone: AvailabilityZone, Metadata: maps.Clone(b.Vol.Metadata), ImageMetadata: maps.Clone(b.Vol.ImageMetadata),
+		Bootable: b.Vol.Bootable, SourceImageID: b.Vol.SourceImageID}
 	t, err := s.findType(ctx, tx, c, nil)
 	if err != nil {
 		return nil, err
@@ -523,6 +548,15 @@ func (s *Service) restoreTarget(ctx context.Context, tx *store.Tx, c *api.Caller
 	}
 	if b.Size > v.Size {
 		return nil, invalidVolume("volume size %d is too small to restore backup of size %d.", v.Size, b.Size)
+	}
+	// The backup's data brings what came with it: its volume's metadata
+	// over the volume's own, its image metadata, bootable flag and source
+	// image (and with that the licence an upload of it inherits).
+	meta := maps.Clone(v.Metadata)
+	maps.Copy(meta, b.Vol.Metadata)
+	if _, err := tx.Exec(ctx, "UPDATE volumes SET metadata = ?, image_metadata = ?, bootable = ?, source_image_id = ? WHERE id = ?",
+		store.JSON(meta), store.JSON(b.Vol.ImageMetadata), b2i(b.Vol.Bootable), b.Vol.SourceImageID, v.ID); err != nil {
+		return nil, err
 	}
 	_, err = s.setStatus(ctx, tx, v, volRestoring, "", StatusAvailable)
 	return v, err

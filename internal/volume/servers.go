@@ -71,7 +71,7 @@ func (s *Service) CreateForServer(ctx context.Context, tx *store.Tx, req ServerV
 		if typeRef == nil {
 			typeRef = &src.typeID
 		}
-		v.Bootable = src.bootable
+		v.Bootable, v.SourceImageID = src.bootable, src.imageID
 		for k, x := range src.imageMeta {
 			v.ImageMetadata[k] = x
 		}
@@ -93,7 +93,7 @@ func (s *Service) CreateForServer(ctx context.Context, tx *store.Tx, req ServerV
 		if int64(img.MinDisk) > size {
 			return "", invalidInput("Volume size %dGB cannot be smaller than the image minDisk size %dGB.", size, img.MinDisk)
 		}
-		v.ImageID, v.Bootable = img.ID, true
+		v.ImageID, v.Bootable, v.SourceImageID = img.ID, true, img.ID
 		v.ImageMetadata = map[string]string{"image_id": img.ID, "image_name": img.Name, "container_format": img.ContainerFormat,
 			"disk_format": img.DiskFormat, "checksum": img.Checksum, "size": strconv.FormatInt(img.Size, 10),
 			"min_disk": strconv.Itoa(img.MinDisk), "min_ram": strconv.Itoa(img.MinRAM)}
@@ -137,8 +137,9 @@ type ServerVolume struct {
 	ID, ProjectID, Status string
 	SizeGB                int64
 	Bootable              bool
-	// ImageID is the image the volume's data came from (Cinder's
-	// volume_image_metadata image_id), "" when none.
+	// ImageID is the image the volume's data came from, through clones
+	// and snapshots (service-written, unlike the volume_image_metadata
+	// its owner may change), "" when none.
 	ImageID string
 	// Error is why a create failed.
 	Error string
@@ -152,7 +153,7 @@ func (s *Service) VolumeForServer(ctx context.Context, q store.Querier, c *api.C
 		return ServerVolume{}, err
 	}
 	return ServerVolume{ID: v.ID, ProjectID: v.ProjectID, Status: v.Status, SizeGB: v.Size, Bootable: v.Bootable,
-		ImageID: v.ImageMetadata["image_id"], Error: v.Error}, nil
+		ImageID: v.SourceImageID, Error: v.Error}, nil
 }
 
 // SnapshotForServer checks that snapshot id is one the caller may make a
@@ -165,7 +166,7 @@ func (s *Service) SnapshotForServer(ctx context.Context, q store.Querier, c *api
 	if sn.Status != SnapAvailable {
 		return 0, "", invalidSnapshot("Originating snapshot status must be one of 'available' values")
 	}
-	return sn.Size, sn.ImageMetadata["image_id"], nil
+	return sn.Size, sn.SourceImageID, nil
 }
 
 // flavorDiskGB is the GiB of v a server's flavor pays for (FlavorDiskKey).
@@ -212,12 +213,13 @@ func (s *Service) SnapshotForImage(ctx context.Context, tx *store.Tx, c *api.Cal
 	desc := "snapshot for " + name
 	sn := &snapRow{ID: newID(), ProjectID: v.ProjectID, UserID: c.UserID, VolumeID: v.ID, TypeID: v.TypeID,
 		Name: &desc, Description: &desc, Size: v.Size, Status: SnapCreating, Bootable: v.Bootable,
-		ImageMetadata: v.ImageMetadata, Metadata: map[string]string{}, CreatedAt: now, UpdatedAt: now}
+		ImageMetadata: v.ImageMetadata, Metadata: map[string]string{}, SourceImageID: v.SourceImageID, CreatedAt: now, UpdatedAt: now}
 	if _, err := tx.Exec(ctx, `INSERT INTO volume_snapshots (id, project_id, user_id, volume_id, volume_type_id, name,
-		description, size, status, bootable, image_metadata, metadata, error, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?)`,
+		description, size, status, bootable, image_metadata, metadata, error, source_image_id, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?)`,
 		sn.ID, sn.ProjectID, sn.UserID, sn.VolumeID, sn.TypeID, sn.Name, sn.Description, sn.Size, sn.Status,
-		b2i(sn.Bootable), store.JSON(sn.ImageMetadata), store.JSON(sn.Metadata), store.FormatTime(now), store.FormatTime(now)); err != nil {
+		b2i(sn.Bootable), store.JSON(sn.ImageMetadata), store.JSON(sn.Metadata), sn.SourceImageID,
+		store.FormatTime(now), store.FormatTime(now)); err != nil {
 		return "", err
 	}
 	if err := meterSnap(ctx, tx, sn, now); err != nil {

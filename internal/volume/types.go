@@ -391,6 +391,9 @@ func (s *Service) createExtraSpecs(r *http.Request) (*api.Response, error) {
 	if !ok {
 		return nil, api.BadRequest("Missing required element 'extra_specs' in request body.")
 	}
+	if isNull(raw) {
+		return nil, api.BadRequest("Invalid input for field/attribute extra_specs. Value: None. None is not of type 'object'")
+	}
 	specs, err := parseMetadata("extra_specs", raw)
 	if err != nil {
 		return nil, err

@@ -580,6 +580,20 @@ tempest_conf() {
 	compute_max=$(curl -fsk "https://127.0.0.1:$CO_PORT/v2.1/" | py 'd["version"]["version"]')
 	[[ -n "$IMAGE_ID" ]] || IMAGE_ID=$(demo image list -f json | py "$PICK_UBUNTU")
 	[[ -n "$IMAGE_ALT_ID" ]] || IMAGE_ALT_ID=$(demo image list -f json | py "$PICK_DEBIAN")
+	# Tempest's own image, as devstack's cirros: the catalog's Ubuntu
+	# asks for a 10 GB disk (min_disk), which the 1 GB volumes Tempest
+	# boots from ([volume] volume_size) cannot hold, as Nova says too.
+	local tempest_image
+	tempest_image=$(admin image list --name tempest-linux -f value -c ID | head -n1)
+	if [[ -z "$tempest_image" ]]; then
+		local fmt
+		fmt=$(admin image show "$IMAGE_ID" -f json | py 'd["disk_format"]') &&
+			admin image save --file "$WORK/tempest-image" "$IMAGE_ID" &&
+			tempest_image=$(admin image create --public --disk-format "$fmt" --container-format bare \
+				--property os_type=linux --file "$WORK/tempest-image" tempest-linux -f value -c id) ||
+			die "could not make Tempest's image"
+	fi
+	IMAGE_ID=$tempest_image
 	if [[ -z "$FLAVOR_ID" ]]; then
 		local fl
 		fl=$(demo flavor list -f json)
