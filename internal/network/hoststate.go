@@ -369,8 +369,10 @@ func queryIn(ctx context.Context, q store.Querier, ids []string, query string, a
 }
 
 // liveServer is the condition on compute_servers s for a server that
-// runs (or is to run) on its host.
-const liveServer = "s.deleted = 0 AND s.host <> '' AND s.vm_state <> 'shelved_offloaded'"
+// runs (or is to run) on its host: an offloaded one only while it is
+// being spawned on the host its unshelve was placed on (its VM waits
+// for the wiring before it starts).
+const liveServer = "s.deleted = 0 AND s.host <> '' AND (s.vm_state <> 'shelved_offloaded' OR s.task_state = 'spawning')"
 
 // ports reads the hosts' server ports with their addresses.
 func (b *hostBuild) ports(ctx context.Context) error {

@@ -331,12 +331,14 @@ func TestHostStateShelved(t *testing.T) {
 	storetest.ForEachEngine(t, func(t *testing.T, dbURL string) {
 		f := newDPFixture(t, dbURL)
 		ctx := context.Background()
-		set := func(state, host string) {
+		setTask := func(state, task, host string) {
 			t.Helper()
-			if _, err := f.db.Exec(ctx, "UPDATE compute_servers SET vm_state = ?, host = ? WHERE id = ?", state, host, f.a2.DeviceID); err != nil {
+			if _, err := f.db.Exec(ctx, "UPDATE compute_servers SET vm_state = ?, task_state = ?, host = ? WHERE id = ?",
+				state, task, host, f.a2.DeviceID); err != nil {
 				t.Fatal(err)
 			}
 		}
+		set := func(state, host string) { t.Helper(); setTask(state, "", host) }
 		has := func(st *netstate.Host) bool { return slices.Contains(portIDs(st), f.a2.ID) }
 		peerMAC := func(st *netstate.Host) bool {
 			for _, macs := range peersOf(netOf(st, f.netA)) {
@@ -357,6 +359,12 @@ func TestHostStateShelved(t *testing.T) {
 		set("shelved_offloaded", "h2")
 		if h2, h1 := f.state(t, "h2"), f.state(t, "h1"); has(h2) || peerMAC(h1) {
 			t.Errorf("offloaded: port on h2 %v, h1 still forwards to its MAC %v", has(h2), peerMAC(h1))
+		}
+		// Unshelving: placed on h1 and being spawned there, still
+		// offloaded until its VM runs, which waits for the port's wiring.
+		setTask("shelved_offloaded", "spawning", "h1")
+		if h1, h2 := f.state(t, "h1"), f.state(t, "h2"); !has(h1) || has(h2) {
+			t.Errorf("being unshelved on h1: port on h1 %v, on h2 %v", has(h1), has(h2))
 		}
 		set("active", "h1")
 		if h1, h2 := f.state(t, "h1"), f.state(t, "h2"); !has(h1) || has(h2) {

@@ -705,18 +705,21 @@ udhcpc -i eth1 -n -q -t 10 -T 1 -s /usr/share/udhcpc/default.script >/dev/null 2
 	l.waitNoTap(webHost, webIf.PortID)
 	t.Logf("NIC hot-plug steps took %v", time.Since(hotplugStart).Round(100*time.Millisecond))
 
+	// The other project's server goes first, to leave each host room for
+	// one more dedicated vCPU.
+	must(t, servers.Delete(ctx, b.q.compute, other).ExtractErr())
+	waitGone(t, b.q.compute, other)
+	// A network-disk server's root is a volume like the one above: it
+	// moves, shelved, to the other host, with its data and no image
+	// uploaded.
+	l.networkDiskAcrossHosts(ctx, a, jump2.DialContext, [2]string{webHost, dbHost})
+
 	// Delete everything: no device, rule or namespace is left on a host.
-	for _, s := range []struct {
-		tn *labTenant
-		id string
-	}{{a, web}, {a, db}, {b, other}} {
-		must(t, servers.Delete(ctx, s.tn.q.compute, s.id).ExtractErr())
+	for _, id := range []string{web, db} {
+		must(t, servers.Delete(ctx, a.q.compute, id).ExtractErr())
 	}
-	for _, s := range []struct {
-		tn *labTenant
-		id string
-	}{{a, web}, {a, db}, {b, other}} {
-		waitGone(t, s.tn.q.compute, s.id)
+	for _, id := range []string{web, db} {
+		waitGone(t, a.q.compute, id)
 	}
 	must(t, ports.Delete(ctx, a.network, dbPort.ID).ExtractErr())
 	must(t, networks.Delete(ctx, a.network, net2.ID).ExtractErr())
