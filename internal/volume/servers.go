@@ -80,23 +80,9 @@ func (s *Service) CreateForServer(ctx context.Context, tx *store.Tx, req ServerV
 		if err != nil {
 			return "", err
 		}
-		imgGB := gib(img.VirtualSize)
-		if imgGB == 0 {
-			imgGB = gib(img.Size)
+		if size, err = fromImage(v, img, size); err != nil {
+			return "", err
 		}
-		if size == 0 {
-			size = max(imgGB, int64(img.MinDisk), 1)
-		}
-		if imgGB > size {
-			return "", invalidInput("Size of specified image %dGB is larger than volume size %dGB.", imgGB, size)
-		}
-		if int64(img.MinDisk) > size {
-			return "", invalidInput("Volume size %dGB cannot be smaller than the image minDisk size %dGB.", size, img.MinDisk)
-		}
-		v.ImageID, v.Bootable, v.SourceImageID = img.ID, true, img.ID
-		v.ImageMetadata = map[string]string{"image_id": img.ID, "image_name": img.Name, "container_format": img.ContainerFormat,
-			"disk_format": img.DiskFormat, "checksum": img.Checksum, "size": strconv.FormatInt(img.Size, 10),
-			"min_disk": strconv.Itoa(img.MinDisk), "min_ram": strconv.Itoa(img.MinRAM)}
 	}
 	if size <= 0 {
 		return "", invalidInput("Volume size '%d' must be an integer and greater than 0", size)
@@ -214,12 +200,7 @@ func (s *Service) SnapshotForImage(ctx context.Context, tx *store.Tx, c *api.Cal
 	sn := &snapRow{ID: newID(), ProjectID: v.ProjectID, UserID: c.UserID, VolumeID: v.ID, TypeID: v.TypeID,
 		Name: &desc, Description: &desc, Size: v.Size, Status: SnapCreating, Bootable: v.Bootable,
 		ImageMetadata: v.ImageMetadata, Metadata: map[string]string{}, SourceImageID: v.SourceImageID, CreatedAt: now, UpdatedAt: now}
-	if _, err := tx.Exec(ctx, `INSERT INTO volume_snapshots (id, project_id, user_id, volume_id, volume_type_id, name,
-		description, size, status, bootable, image_metadata, metadata, error, source_image_id, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?)`,
-		sn.ID, sn.ProjectID, sn.UserID, sn.VolumeID, sn.TypeID, sn.Name, sn.Description, sn.Size, sn.Status,
-		b2i(sn.Bootable), store.JSON(sn.ImageMetadata), store.JSON(sn.Metadata), sn.SourceImageID,
-		store.FormatTime(now), store.FormatTime(now)); err != nil {
+	if err := insertSnap(ctx, tx, sn); err != nil {
 		return "", err
 	}
 	if err := meterSnap(ctx, tx, sn, now); err != nil {

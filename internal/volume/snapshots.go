@@ -97,6 +97,17 @@ func loadSnaps(ctx context.Context, q store.Querier, where string, args ...any) 
 	return out, rows.Err()
 }
 
+// insertSnap writes a new snapshot's row.
+func insertSnap(ctx context.Context, q store.Querier, sn *snapRow) error {
+	_, err := q.Exec(ctx, `INSERT INTO volume_snapshots (id, project_id, user_id, volume_id, volume_type_id, name,
+		description, size, status, bootable, image_metadata, metadata, error, source_image_id, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?)`,
+		sn.ID, sn.ProjectID, sn.UserID, sn.VolumeID, sn.TypeID, sn.Name, sn.Description, sn.Size, sn.Status,
+		b2i(sn.Bootable), store.JSON(sn.ImageMetadata), store.JSON(sn.Metadata), sn.SourceImageID,
+		store.FormatTime(sn.CreatedAt), store.FormatTime(sn.UpdatedAt))
+	return err
+}
+
 func getSnap(ctx context.Context, q store.Querier, id string) (*snapRow, error) {
 	sn, err := scanSnap(q.QueryRow(ctx, "SELECT "+snapColumns+snapFrom+" WHERE s.id = ?", id))
 	if store.IsNoRows(err) {
@@ -304,12 +315,7 @@ func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
 		sn = &snapRow{ID: newID(), ProjectID: v.ProjectID, UserID: c.UserID, VolumeID: v.ID, TypeID: v.TypeID,
 			Name: name, Description: desc, Size: v.Size, Status: SnapCreating, Bootable: v.Bootable,
 			ImageMetadata: v.ImageMetadata, Metadata: meta, SourceImageID: v.SourceImageID, CreatedAt: now, UpdatedAt: now}
-		if _, err := tx.Exec(ctx, `INSERT INTO volume_snapshots (id, project_id, user_id, volume_id, volume_type_id, name,
-			description, size, status, bootable, image_metadata, metadata, error, source_image_id, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?)`,
-			sn.ID, sn.ProjectID, sn.UserID, sn.VolumeID, sn.TypeID, sn.Name, sn.Description, sn.Size, sn.Status,
-			b2i(sn.Bootable), store.JSON(sn.ImageMetadata), store.JSON(sn.Metadata), sn.SourceImageID,
-			store.FormatTime(now), store.FormatTime(now)); err != nil {
+		if err := insertSnap(ctx, tx, sn); err != nil {
 			return err
 		}
 		if err := meterSnap(ctx, tx, sn, now); err != nil {

@@ -214,24 +214,13 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		imgGB := gib(img.VirtualSize)
-		if imgGB == 0 {
-			imgGB = gib(img.Size)
-		}
 		if !haveSize {
-			size, haveSize = max(imgGB, int64(img.MinDisk), 1), true
+			size = 0
 		}
-		// cinder/volume/flows/api/create_volume.py _check_image_metadata
-		if imgGB > size {
-			return nil, invalidInput("Size of specified image %dGB is larger than volume size %dGB.", imgGB, size)
+		if size, err = fromImage(v, img, size); err != nil {
+			return nil, err
 		}
-		if int64(img.MinDisk) > size {
-			return nil, invalidInput("Volume size %dGB cannot be smaller than the image minDisk size %dGB.", size, img.MinDisk)
-		}
-		v.ImageID, v.Bootable, v.SourceImageID = img.ID, true, img.ID
-		v.ImageMetadata = map[string]string{"image_id": img.ID, "image_name": img.Name, "container_format": img.ContainerFormat,
-			"disk_format": img.DiskFormat, "checksum": img.Checksum, "size": strconv.FormatInt(img.Size, 10),
-			"min_disk": strconv.Itoa(img.MinDisk), "min_ram": strconv.Itoa(img.MinRAM)}
+		haveSize = true
 	}
 	if !haveSize {
 		// cinder/volume/flows/api/create_volume.py _extract_size
@@ -275,6 +264,32 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 
 // volumeImage checks that an image can become a volume: visible, active,
 // in a format qemu-img reads, and qemu-img present.
+// fromImage makes v a volume of image img's data: bootable, with img as
+// its source image and Cinder's volume_image_metadata. A size of 0 takes
+// the image's own; a size the image does not fit is refused
+// (cinder/volume/flows/api/create_volume.py _check_image_metadata). It
+// answers the size.
+func fromImage(v *volRow, img *image.Image, size int64) (int64, error) {
+	imgGB := gib(img.VirtualSize)
+	if imgGB == 0 {
+		imgGB = gib(img.Size)
+	}
+	if size == 0 {
+		size = max(imgGB, int64(img.MinDisk), 1)
+	}
+	if imgGB > size {
+		return 0, invalidInput("Size of specified image %dGB is larger than volume size %dGB.", imgGB, size)
+	}
+	if int64(img.MinDisk) > size {
+		return 0, invalidInput("Volume size %dGB cannot be smaller than the image minDisk size %dGB.", size, img.MinDisk)
+	}
+	v.ImageID, v.Bootable, v.SourceImageID = img.ID, true, img.ID
+	v.ImageMetadata = map[string]string{"image_id": img.ID, "image_name": img.Name, "container_format": img.ContainerFormat,
+		"disk_format": img.DiskFormat, "checksum": img.Checksum, "size": strconv.FormatInt(img.Size, 10),
+		"min_disk": strconv.Itoa(img.MinDisk), "min_ram": strconv.Itoa(img.MinRAM)}
+	return size, nil
+}
+
 func (s *Service) volumeImage(ctx context.Context, c *api.Caller, ref string) (*image.Image, error) {
 	if s.images == nil {
 		return nil, api.BadRequest("Creating a volume from an image is not supported by this cloud.")
