@@ -642,6 +642,16 @@ func (a *Agent) call(ctx context.Context, op wire.Op) (out any, err error) {
 			return nil, driver.ErrNotRunning // no live copy here: the caller copies the file
 		}
 		return nil, c.CopyVolume(ctx, id, p.VolumeID, p.Target)
+	case wire.KindSwapVolume:
+		var p wire.VolumeArgs
+		if err := args(&p); err != nil {
+			return nil, err
+		}
+		sw, ok := d.(driver.VolumeSwapper)
+		if !ok {
+			return nil, errors.New("this host's driver cannot swap volumes")
+		}
+		return nil, sw.SwapVolume(ctx, id, p.VolumeID, p.Volume)
 	case wire.KindAccess:
 		acc, err := d.Access(ctx, id)
 		if err != nil {

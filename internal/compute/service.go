@@ -98,6 +98,7 @@ type Volumes interface {
 	BeginDetach(ctx context.Context, tx *store.Tx, attachmentID string) error
 	RollDetach(ctx context.Context, tx *store.Tx, attachmentID string) error
 	Remove(ctx context.Context, tx *store.Tx, attachmentID string) error
+	Swap(ctx context.Context, tx *store.Tx, oldAttachmentID, newAttachmentID string) error
 	SetDeleteOnTermination(ctx context.Context, tx *store.Tx, attachmentID string, v bool) error
 	DeleteTerminated(ctx context.Context, tx *store.Tx, volumeID string) error
 	Attachments(ctx context.Context, q store.Querier, serverIDs ...string) (map[string][]volume.Attachment, error)

@@ -1,9 +1,11 @@
 package compute_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -377,21 +379,70 @@ func jsonValue(t *testing.T, s string) any {
 	return v
 }
 
-// TestVolumeSwapRollsBack: no Nimbus driver copies a disk live, so a swap
-// is rolled back with the action's error, as Nova does for a driver
-// without swap_volume.
-func TestVolumeSwapRollsBack(t *testing.T) {
+// TestVolumeSwap: an admin's swap moves the server's disk onto the new
+// volume (the driver copies the data, the new attachment takes the old
+// one's device and delete_on_termination) and frees the old volume; a
+// driver that fails rolls it back with the action's error; a smaller new
+// volume is refused.
+func TestVolumeSwap(t *testing.T) {
 	e := newVolEnv(t, "")
 	old, neu := e.volume(), e.volume()
-	e.attach(e.server, "2.96", `{"volumeAttachment":{"volumeId":"`+old+`"}}`)
+	path := e.c.Volumes.DataPath
+	att := e.attach(e.server, "2.96", `{"volumeAttachment":{"volumeId":"`+old+`","delete_on_termination":true}}`)
 	e.volumeStatus(old, "in-use")
-	e.must(202, "PUT", "/servers/"+e.server+"/os-volume_attachments/"+old, e.admin, "2.96", `{"volumeAttachment":{"volumeId":"`+neu+`"}}`)
-	testenv.Eventually(t, 20*time.Second, "swap rolled back", func() bool {
-		acts := e.must(200, "GET", "/servers/"+e.server+"/os-instance-actions", e.admin, "2.96", "")["instanceActions"].([]any)
-		a := acts[0].(map[string]any)
-		return a["action"] == "swap_volume" && a["message"] == "Error"
+	if err := os.WriteFile(path(old), []byte("the old volume's data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	swap := func(from, to string) {
+		t.Helper()
+		e.must(202, "PUT", "/servers/"+e.server+"/os-volume_attachments/"+from, e.admin, "2.96", `{"volumeAttachment":{"volumeId":"`+to+`"}}`)
+	}
+
+	swap(old, neu)
+	e.volumeStatus(old, "available")
+	e.volumeStatus(neu, "in-use")
+	e.waitAction(e.server, "swap_volume", "compute_swap_volume", "Success")
+	atts := e.must(200, "GET", "/servers/"+e.server+"/os-volume_attachments", e.demo, "2.96", "")["volumeAttachments"].([]any)
+	if len(atts) != 1 {
+		t.Fatalf("attachments %v", atts)
+	}
+	a := atts[0].(map[string]any)
+	if a["volumeId"] != neu || a["device"] != att["device"] || a["delete_on_termination"] != true {
+		t.Errorf("after the swap: %v, want volume %s on %v with delete_on_termination", a, neu, att["device"])
+	}
+	if d := e.disks(e.server); len(d) != 1 || d[0] != neu {
+		t.Errorf("the driver's disks %v, want [%s]", d, neu)
+	}
+	if b, err := os.ReadFile(path(neu)); err != nil || !bytes.HasPrefix(b, []byte("the old volume's data")) {
+		t.Errorf("the new volume's data %.30q, %v", b, err)
+	}
+
+	for range 3 { // every try of the worker's
+		e.c.Fake.FailNext(fake.OpSwapVolume, errors.New("mirror failed"))
+	}
+	swap(neu, old)
+	e.waitAction(e.server, "swap_volume", "compute_swap_volume", "Error")
+	e.volumeStatus(neu, "in-use")
+	e.volumeStatus(old, "available")
+	if d := e.disks(e.server); len(d) != 1 || d[0] != neu {
+		t.Errorf("after a failed swap the driver's disks %v, want [%s]", d, neu)
+	}
+
+	big, err := volumes.Create(context.Background(), e.bs, volumes.CreateOpts{Size: 2}, nil).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.volumeStatus(big.ID, "available")
+	swap(neu, big.ID)
+	e.volumeStatus(big.ID, "in-use")
+	e.volumeStatus(neu, "available")
+	runVolumeCases(t, e, []volCase{
+		{"swap to a smaller volume", e.admin, "PUT", "/servers/" + e.server + "/os-volume_attachments/" + big.ID, "2.96",
+			`{"volumeAttachment":{"volumeId":"` + neu + `"}}`, 400, "New volume must be the same size or larger."},
+		{"swap by a member", e.demo, "PUT", "/servers/" + e.server + "/os-volume_attachments/" + big.ID, "2.96",
+			`{"volumeAttachment":{"volumeId":"` + old + `"}}`, 403, "os_compute_api:os-volumes-attachments:swap"},
 	})
-	e.volumeStatus(old, "in-use")
+	e.volumeStatus(big.ID, "in-use")
 	e.volumeStatus(neu, "available")
 }
 

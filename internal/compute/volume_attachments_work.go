@@ -255,19 +255,54 @@ func (s *Service) detachWork(ctx context.Context, sv *server, op volumeOp, start
 	})
 }
 
-// errSwapUnsupported is why a swap fails: moving a guest's disk to another
-// volume needs the driver to copy it live (libvirt's blockRebase), which
-// no Nimbus driver does. Nova answers the same for a driver without
-// swap_volume: the swap is rolled back and the action records the error.
+// errSwapUnsupported is why a swap fails on a driver that cannot move a
+// guest's disk to another volume live. Nova answers the same for a driver
+// without swap_volume: the swap is rolled back and the action records
+// the error.
 var errSwapUnsupported = errors.New("swap_volume is not supported by the hypervisor driver")
 
-// swapWork rolls a swap back: the old volume stays attached, the new one's
+// swapWork moves the server's disk from the old volume to the new one:
+// the new one is connected for the server's host, the driver copies the
+// data live and switches the guest's disk onto it, the old connection
+// ends and the attachments change places (volume.Swap: the new one takes
+// the old one's device). A driver that cannot swap, or a swap that
+// fails, rolls back: the old volume stays attached and the new one's
 // reservation goes.
 func (s *Service) swapWork(ctx context.Context, sv *server, op volumeOp, started time.Time) error {
+	sw, ok := s.driver.(driver.VolumeSwapper)
+	host := volumeVMHost(sv)
+	var failure error
+	switch {
+	case !ok:
+		failure = errSwapUnsupported
+	case host == "":
+		failure = errors.New("the server has no VM whose disk could move")
+	default:
+		vol, err := s.volumes.Connect(ctx, op.NewAttachmentID, host)
+		if err == nil {
+			err = retry(ctx, func() error { return sw.SwapVolume(ctx, sv.ID, op.VolumeID, vol) })
+		}
+		if errors.Is(err, driver.ErrHostDown) {
+			return errWaitHost
+		}
+		if err == nil {
+			if err := s.volumes.Disconnect(ctx, op.AttachmentID); err != nil && !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+			return s.endVolumeOp(ctx, sv.ID, op, started, nil, func(tx *store.Tx) error {
+				return s.volumes.Swap(ctx, tx, op.AttachmentID, op.NewAttachmentID)
+			})
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.log.Warn("compute: volume swap failed", "server", sv.ID, "volume", op.VolumeID, "new_volume", op.NewVolumeID, "error", err)
+		failure = err
+	}
 	if err := s.volumes.Disconnect(ctx, op.NewAttachmentID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	return s.endVolumeOp(ctx, sv.ID, op, started, errSwapUnsupported, func(tx *store.Tx) error {
+	return s.endVolumeOp(ctx, sv.ID, op, started, failure, func(tx *store.Tx) error {
 		if err := ignoreGone(s.volumes.RollDetach(ctx, tx, op.AttachmentID)); err != nil {
 			return err
 		}

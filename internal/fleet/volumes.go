@@ -33,3 +33,12 @@ func (s *Service) CopyVolume(ctx context.Context, id, volumeID, target string) e
 	_, err := s.call(ctx, wire.KindCopyVolume, id, "", wire.VolumeArgs{VolumeID: volumeID, Target: target})
 	return err
 }
+
+var _ driver.VolumeSwapper = (*Service)(nil)
+
+// SwapVolume moves a server's disk from volume oldID onto vol, live, on
+// its host.
+func (s *Service) SwapVolume(ctx context.Context, id, oldID string, vol driver.Volume) error {
+	_, err := s.call(ctx, wire.KindSwapVolume, id, "", wire.VolumeArgs{VolumeID: oldID, Volume: vol})
+	return err
+}

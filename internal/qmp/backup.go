@@ -39,7 +39,7 @@ func (m *Monitor) Backup(ctx context.Context, node string, target BackupTarget) 
 
 	// The job wants a target of the node's size, which may be behind its
 	// file's (an NBD export keeps the size it started with).
-	size, err := m.nodeSize(ctx, node)
+	size, err := m.NodeSize(ctx, node)
 	if err != nil {
 		return err
 	}
@@ -129,8 +129,8 @@ func (m *Monitor) Backup(ctx context.Context, node string, target BackupTarget) 
 	}
 }
 
-// nodeSize is block node node's size in bytes (query-named-block-nodes).
-func (m *Monitor) nodeSize(ctx context.Context, node string) (int64, error) {
+// NodeSize is block node node's size in bytes (query-named-block-nodes).
+func (m *Monitor) NodeSize(ctx context.Context, node string) (int64, error) {
 	var nodes []struct {
 		Name  string `json:"node-name"`
 		Image struct {
@@ -145,5 +145,5 @@ func (m *Monitor) nodeSize(ctx context.Context, node string) (int64, error) {
 			return n.Image.Size, nil
 		}
 	}
-	return 0, fmt.Errorf("qmp: backup: no block node %q", node)
+	return 0, fmt.Errorf("qmp: no block node %q", node)
 }

@@ -559,6 +559,24 @@ func (s *Service) remove(ctx context.Context, tx *store.Tx, a *attRow) error {
 	return s.setAttachedMode(ctx, tx, v, "")
 }
 
+// Swap ends a server's volume swap in tx, once its disk is on the new
+// attachment's volume: the old attachment goes (its volume available
+// again) and the new one, completed, takes its device name, as Cinder's
+// migrate_volume_completion does for a swap Nova asked for.
+func (s *Service) Swap(ctx context.Context, tx *store.Tx, oldAttachmentID, newAttachmentID string) error {
+	old, err := getAtt(ctx, tx, oldAttachmentID)
+	if err != nil {
+		return err
+	}
+	if err := s.remove(ctx, tx, old); err != nil {
+		return err
+	}
+	if err := s.SetDevice(ctx, tx, newAttachmentID, old.Device); err != nil {
+		return err
+	}
+	return s.Complete(ctx, tx, newAttachmentID)
+}
+
 // SetDeleteOnTermination changes the flag of a server's attachment of a
 // volume (Nova's PUT os-volume_attachments from 2.85), in tx.
 func (s *Service) SetDeleteOnTermination(ctx context.Context, tx *store.Tx, attachmentID string, v bool) error {

@@ -48,8 +48,10 @@ done`
 // public API on a real VM: a volume with an ext4 file system (made on the
 // host) is attached to a running server, whose guest writes to it without
 // pause (liveWriter); a forced snapshot is taken meanwhile, and a forced
-// backup; a volume made from the snapshot is attached to the server and
-// mounted, and the backup is restored to another: both are clean for
+// backup, and then an admin swaps the volume for a new one (the guest's
+// file system, unmounted after, is whole on the new volume); a volume
+// made from the snapshot is attached to the server and mounted, and the
+// backup is restored to another: all are clean for
 // e2fsck once their journal is replayed (as a mount does), A and B agree,
 // and every file sums lists has its checksum. A copy of the volume's file
 // taken while the guest writes (what a snapshot was before it was taken
@@ -139,11 +141,32 @@ dd if=/dev/zero of=AB bs=1M count=641 conv=fsync 2>/dev/null && : > sums && sync
 	if after := gen(); after <= before {
 		t.Errorf("the guest stopped writing: generation %d before the snapshot, %d after", before, after)
 	}
-	q.ssh(ctx, sv.ID, "kill $(cat /tmp/writer.pid)")
+
+	// An admin swaps the volume for another while the guest writes
+	// (Nova's swap_volume): the mounted file system moves whole, and the
+	// old volume is free.
+	swapped := newVolume(volumes.CreateOpts{Size: 1, Name: "swapped"})
+	admin := testenv.Compute(t, q.admin, "2.96")
+	before, start = gen(), time.Now()
+	_, err = admin.Put(ctx, admin.ServiceURL("servers", sv.ID, "os-volume_attachments", vol),
+		map[string]any{"volumeAttachment": map[string]any{"volumeId": swapped}}, nil, &gophercloud.RequestOpts{OkCodes: []int{202}})
+	must(t, err)
+	waitVolume(vol, "available")
+	waitVolume(swapped, "in-use")
+	t.Logf("live swap of a 1 GiB volume (%d MiB written) in %v", 641, time.Since(start).Round(time.Millisecond))
+	if after := gen(); after <= before {
+		t.Errorf("the guest stopped writing: generation %d before the swap, %d after", before, after)
+	}
+	q.ssh(ctx, sv.ID, "kill $(cat /tmp/writer.pid); sleep 0.5; cd / && umount /mnt/live")
+	a, b, files := checkLiveImage(t, q.c.Volumes.DataPath(swapped))
+	t.Logf("swapped: A at %d, B at %d, %d files", a, b, files)
+	if a < before {
+		t.Errorf("the swapped volume has generation %d, the guest was at %d before the swap", a, before)
+	}
 
 	// The volume from the snapshot, checked on the host, then in the guest.
 	fromSnap := newVolume(volumes.CreateOpts{Size: 1, SnapshotID: sn.ID, Name: "from-snapshot"})
-	a, b, files := checkLiveImage(t, q.c.Volumes.DataPath(fromSnap))
+	a, b, files = checkLiveImage(t, q.c.Volumes.DataPath(fromSnap))
 	t.Logf("snapshot: A at %d, B at %d, %d files", a, b, files)
 	dev = attach(fromSnap)
 	out := q.ssh(ctx, sv.ID, fmt.Sprintf(`mkdir -p /mnt/snap && mount -t ext4 -o ro /dev/%s /mnt/snap && cd /mnt/snap &&

@@ -58,13 +58,14 @@ const (
 	OpAttachVolume = "attach_volume"
 	OpDetachVolume = "detach_volume"
 	OpExtendVolume = "extend_volume"
+	OpSwapVolume   = "swap_volume"
 )
 
 // How long each operation takes, in units of Config.Delay.
 var cost = map[string]int{
 	OpSpawn: 3, OpDestroy: 1, OpPowerOff: 1, OpPowerOn: 1, OpReboot: 2, OpPause: 1, OpUnpause: 1,
 	OpSuspend: 2, OpResume: 2, OpResize: 3, OpSnapshot: 2, OpAttach: 1, OpDetach: 1,
-	OpAttachVolume: 1, OpDetachVolume: 1, OpExtendVolume: 1,
+	OpAttachVolume: 1, OpDetachVolume: 1, OpExtendVolume: 1, OpSwapVolume: 2,
 }
 
 // maxConsoleLines bounds the console buffer each VM keeps.

@@ -38,9 +38,9 @@ func (d *Driver) CopyVolume(ctx context.Context, id, volumeID, target string) er
 		return fmt.Errorf("qemu: server %s: copy volume %s: %w", id, volumeID, driver.ErrNotRunning)
 	}
 	n := namesOf(vol.ID, throttled(vol.Throttle))
-	if plugged, err := hasDevice(ctx, p.mon, n.dev); err != nil {
+	if dev, err := diskOf(ctx, p.mon, vol.ID); err != nil {
 		return fmt.Errorf("qemu: server %s: copy volume %s: %w", id, volumeID, err)
-	} else if !plugged {
+	} else if dev == "" {
 		return fmt.Errorf("qemu: server %s: copy volume %s: the disk is not plugged: %w", id, volumeID, driver.ErrNotFound)
 	}
 	f, err := os.OpenFile(target, os.O_RDWR, 0)

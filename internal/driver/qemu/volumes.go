@@ -332,17 +332,17 @@ func (d *Driver) AttachVolume(ctx context.Context, id string, vol driver.Volume)
 	if p != nil {
 		mon = p.mon
 	}
-	n := namesOf(vol.ID, throttled(vol.Throttle))
 	rec, had := v.volume(vol.ID)
 	if vol, err = attachBootFlag(id, vol, rec, had); err != nil {
 		return err
 	}
 	same := had && sameConn(v.dir, rec, vol)
 	if mon != nil {
-		plugged, err := hasDevice(ctx, mon, n.dev)
+		dev, err := diskOf(ctx, mon, vol.ID)
 		if err != nil {
 			return fmt.Errorf("qemu: server %s: attach volume %s: %w", id, vol.ID, err)
 		}
+		plugged := dev != ""
 		switch {
 		case plugged && same:
 			return nil
@@ -520,15 +520,14 @@ func plugVolume(ctx context.Context, mon *qmp.Monitor, dir string, vol driver.Vo
 // guest's DEVICE_DELETED (bounded by unplugTimeout), then its nodes and
 // objects.
 func unplugVolume(ctx context.Context, mon *qmp.Monitor, vol driver.Volume) error {
-	n := namesOf(vol.ID, throttled(vol.Throttle))
-	plugged, err := hasDevice(ctx, mon, n.dev)
+	dev, err := diskOf(ctx, mon, vol.ID)
 	if err != nil {
 		return err
 	}
-	if plugged {
+	if dev != "" {
 		events, cancel := mon.Subscribe("DEVICE_DELETED")
 		defer cancel()
-		if err := mon.Execute(ctx, "device_del", map[string]string{"id": n.dev}, nil); err != nil {
+		if err := mon.Execute(ctx, "device_del", map[string]string{"id": dev}, nil); err != nil {
 			return fmt.Errorf("device_del: %w", err)
 		}
 		wctx, stop := context.WithTimeout(ctx, unplugTimeout)
@@ -536,12 +535,12 @@ func unplugVolume(ctx context.Context, mon *qmp.Monitor, vol driver.Volume) erro
 		for {
 			ev, err := qmp.WaitEvent(wctx, events, "DEVICE_DELETED")
 			if err != nil {
-				return fmt.Errorf("the guest did not release disk %s: %w", n.dev, err)
+				return fmt.Errorf("the guest did not release disk %s: %w", dev, err)
 			}
 			var data struct {
 				Device string `json:"device"`
 			}
-			if json.Unmarshal(ev.Data, &data) == nil && data.Device == n.dev {
+			if json.Unmarshal(ev.Data, &data) == nil && data.Device == dev {
 				break
 			}
 		}
@@ -586,14 +585,31 @@ func notFound(err error) bool {
 	return strings.Contains(d, "failed to find") || strings.Contains(d, "cannot find") || strings.Contains(d, "not found")
 }
 
-// hasDevice reports whether a QEMU has a device with qdev id dev.
-func hasDevice(ctx context.Context, mon *qmp.Monitor, dev string) (bool, error) {
-	type prop struct {
-		Name string `json:"name"`
+// diskOf is the qdev id of the device whose disk is volume volID's node
+// tree in a live QEMU, "" when none is. It is found by the node it uses,
+// not by name: a disk whose volume was swapped keeps the device (and its
+// id, made from the old volume's) but uses the new volume's nodes.
+func diskOf(ctx context.Context, mon *qmp.Monitor, volID string) (string, error) {
+	var blocks []struct {
+		QDev     string `json:"qdev"`
+		Inserted *struct {
+			Node string `json:"node-name"`
+		} `json:"inserted"`
 	}
-	var props []prop
-	if err := mon.Execute(ctx, "qom-list", map[string]string{"path": "/machine/peripheral"}, &props); err != nil {
-		return false, fmt.Errorf("qom-list: %w", err)
+	if err := mon.Execute(ctx, "query-block", nil, &blocks); err != nil {
+		return "", fmt.Errorf("query-block: %w", err)
 	}
-	return slices.ContainsFunc(props, func(p prop) bool { return p.Name == dev }), nil
+	n := namesOf(volID, true)
+	for _, b := range blocks {
+		if b.Inserted == nil || (b.Inserted.Node != n.thr && b.Inserted.Node != n.fmt) {
+			continue
+		}
+		// A -device with an id answers it; virtio-blk-pci's backend
+		// answers its QOM path, /machine/peripheral/<id>/virtio-backend.
+		if rest, ok := strings.CutPrefix(b.QDev, "/machine/peripheral/"); ok {
+			b.QDev, _, _ = strings.Cut(rest, "/")
+		}
+		return b.QDev, nil
+	}
+	return "", nil
 }

@@ -215,13 +215,94 @@ func TestVolumeHotplug(t *testing.T) {
 			t.Errorf("%s has %s sectors after extend, want %s", dev, got, want)
 		}
 	})
+	// A swap onto a larger volume while the guest writes: the disk
+	// keeps its device, its data and what was written during the
+	// mirror; writes after the switch go to the new file only; the old
+	// volume's nodes and objects are gone, and the record has the new
+	// volume in the old one's place.
+	diskSerial := fileVol.ID // the device's, through the swap
+	swapVol := driver.Volume{ID: uuid.NewString(),
+		Conn: driver.VolumeConn{Driver: driver.VolumeFile, Path: rawFile(t, volDir, 192<<20)}}
+	step("swap while the guest writes", func(t *testing.T) {
+		// The guest writes a counter for 4 s, the swap in the middle.
+		type result struct {
+			out string
+			err error
+		}
+		wrote := make(chan result, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			out, err := testenv.RunSSH(wctx, g.client, fmt.Sprintf(`i=0; end=$(($(date +%%s) + 4)); while [ $(date +%%s) -lt $end ]; do printf "%%08d" $i | dd of=/dev/%s bs=512 seek=2048 count=1 conv=sync,fsync 2>/dev/null || exit 1; i=$((i+1)); done; echo $i`, dev))
+			wrote <- result{out, err}
+		}()
+		time.Sleep(time.Second)
+		if err := d.SwapVolume(ctx, id, fileVol.ID, swapVol); err != nil {
+			t.Fatalf("SwapVolume: %v", err)
+		}
+		r := <-wrote
+		if r.err != nil {
+			t.Fatalf("the guest's writes: %v (%s)", r.err, r.out)
+		}
+		t.Logf("the guest wrote %s times through the swap", strings.TrimSpace(r.out))
+		if err := d.SwapVolume(ctx, id, fileVol.ID, swapVol); err != nil { // asked again: done
+			t.Fatalf("SwapVolume again: %v", err)
+		}
+		if got := g.disk(t, fileVol.ID); got != dev {
+			t.Errorf("the disk with the old serial is %q, want %s (the same device)", got, dev)
+		}
+		g.run(t, fmt.Sprintf("printf after-swap | dd of=/dev/%s bs=512 seek=4096 count=1 conv=sync,fsync 2>&1", dev))
+		seen := g.run(t, fmt.Sprintf("dd if=/dev/%s bs=512 skip=2048 count=1 2>/dev/null | head -c 8", dev))
+		read := func(path string, off int64, n int) string {
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			b := make([]byte, n)
+			f.ReadAt(b, off)
+			return string(b)
+		}
+		if got := read(swapVol.Conn.Path, 0, len(pattern)); got != pattern {
+			t.Errorf("the new volume starts with %q, want %q", got, pattern)
+		}
+		if got := read(swapVol.Conn.Path, 2048*512, 8); got != seen {
+			t.Errorf("the new volume has %q where the guest last wrote %q", got, seen)
+		}
+		if got := read(swapVol.Conn.Path, 4096*512, 9); got != "after-swap"[:9] {
+			t.Errorf("the new volume has %q where the guest wrote after the switch", got)
+		}
+		if got := read(fileVol.Conn.Path, 4096*512, 9); got == "after-swap"[:9] {
+			t.Error("a write after the switch reached the old volume")
+		}
+		// The guest sees the old size until its next start.
+		if got := g.run(t, "cat /sys/block/"+dev+"/size"); got != strconv.Itoa(128<<20/512) {
+			t.Errorf("%s has %s sectors after the swap", dev, got)
+		}
+		if v := recorded(t); len(v) != 1 || v[0].ID != swapVol.ID || v[0].Device != fileVol.Device {
+			t.Errorf("record has %+v", v)
+		}
+		left, err := d.VolumeLeftovers(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range left {
+			if strings.Contains(l, qemu.VolumeNamesBase(fileVol.ID)) {
+				t.Errorf("the old volume's %s is left in QEMU", l)
+			}
+		}
+		if len(left) == 0 {
+			t.Error("no nodes of the new volume in QEMU")
+		}
+		fileVol = swapVol
+	})
 	step("detach file", func(t *testing.T) {
 		for range 2 { // the second is a no-op
 			if err := d.DetachVolume(ctx, id, fileVol.ID); err != nil {
 				t.Fatalf("DetachVolume: %v", err)
 			}
 		}
-		g.waitDisk(t, fileVol.ID, true)
+		g.waitDisk(t, diskSerial, true)
 		clean(t)
 		b, err := os.ReadFile(fileVol.Conn.Path)
 		if err != nil {

@@ -75,3 +75,7 @@ func (d *Driver) VolumeLeftovers(ctx context.Context, id string) ([]string, erro
 	}
 	return out, nil
 }
+
+// VolumeNamesBase is the stem of a volume's QEMU names (its nodes and
+// objects start with it).
+func VolumeNamesBase(volID string) string { return volBase(volID) }

@@ -60,6 +60,9 @@ const (
 	// KindCopyVolume copies a volume's disk live into a file on the
 	// server's host (VolumeArgs: VolumeID, Target).
 	KindCopyVolume = "copy_volume"
+	// KindSwapVolume moves a server's disk from volume VolumeID onto
+	// Volume, live (VolumeArgs).
+	KindSwapVolume = "swap_volume"
 )
 
 // Error codes, in error bodies and in op results.
@@ -241,7 +244,8 @@ type PortArgs struct {
 
 // VolumeArgs are a volume op's arguments: the volume to attach, or the
 // id of one to detach, extend (to SizeBytes) or copy (into Target, a
-// file on the server's host).
+// file on the server's host), or both for a swap (from VolumeID onto
+// Volume).
 type VolumeArgs struct {
 	Volume    driver.Volume `json:"volume,omitzero"`
 	VolumeID  string        `json:"volume_id,omitempty"`
