@@ -97,12 +97,12 @@ func (m *Monitor) Backup(ctx context.Context, node string, target BackupTarget) 
 			}
 			// Stopped: cancel the job and wait for it to go, so that the
 			// target node can be deleted.
-			if cerr := m.Execute(cleanup, "block-job-cancel", map[string]any{"device": job, "force": true}, nil); cerr != nil {
-				return errors.Join(werr, fmt.Errorf("block-job-cancel: %w", cerr))
-			}
 			var stop context.CancelFunc
-			wait, stop = context.WithTimeout(cleanup, cancelWait)
+			wait, stop, err = m.cancelJob(cleanup, job)
 			defer stop()
+			if err != nil {
+				return errors.Join(werr, err)
+			}
 			err = werr
 			continue
 		}
@@ -146,4 +146,15 @@ func (m *Monitor) NodeSize(ctx context.Context, node string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("qmp: no block node %q", node)
+}
+
+// cancelJob cancels block job job (force: a ready mirror cancelled
+// without it would end as completed) and answers the context to wait for
+// its end in, at most cancelWait.
+func (m *Monitor) cancelJob(ctx context.Context, job string) (context.Context, context.CancelFunc, error) {
+	wait, stop := context.WithTimeout(ctx, cancelWait)
+	if err := m.Execute(ctx, "block-job-cancel", map[string]any{"device": job, "force": true}, nil); err != nil {
+		return wait, stop, fmt.Errorf("block-job-cancel: %w", err)
+	}
+	return wait, stop, nil
 }

@@ -43,15 +43,15 @@ func (m *Monitor) Mirror(ctx context.Context, node, target string) (err error) {
 			if err != nil {
 				return errors.Join(err, werr) // the cancelled job did not end
 			}
-			// Stopped: cancel the job (force: a ready mirror cancelled
-			// without it would end as completed, unswitched) and wait
-			// for it to go, so that the target can be deleted.
-			if cerr := m.Execute(cleanup, "block-job-cancel", map[string]any{"device": job, "force": true}, nil); cerr != nil && !completing {
-				return errors.Join(werr, fmt.Errorf("block-job-cancel: %w", cerr))
-			}
+			// Stopped: cancel the job and wait for it to go, so that the
+			// target can be deleted; one already switching ends anyway.
 			var stop context.CancelFunc
-			wait, stop = context.WithTimeout(cleanup, cancelWait)
+			var cerr error
+			wait, stop, cerr = m.cancelJob(cleanup, job)
 			defer stop()
+			if cerr != nil && !completing {
+				return errors.Join(werr, cerr)
+			}
 			err = werr
 			continue
 		}
@@ -69,12 +69,13 @@ func (m *Monitor) Mirror(ctx context.Context, node, target string) (err error) {
 			}
 			if cerr := m.Execute(cleanup, "block-job-complete", map[string]any{"device": job}, nil); cerr != nil {
 				err = fmt.Errorf("block-job-complete: %w", cerr)
-				if xerr := m.Execute(cleanup, "block-job-cancel", map[string]any{"device": job, "force": true}, nil); xerr != nil {
-					return errors.Join(err, fmt.Errorf("block-job-cancel: %w", xerr))
-				}
 				var stop context.CancelFunc
-				wait, stop = context.WithTimeout(cleanup, cancelWait)
+				var xerr error
+				wait, stop, xerr = m.cancelJob(cleanup, job)
 				defer stop()
+				if xerr != nil {
+					return errors.Join(err, xerr)
+				}
 				continue
 			}
 			completing = true

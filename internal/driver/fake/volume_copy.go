@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"slices"
 	"syscall"
 
 	"nimbus/internal/driver"
@@ -27,21 +26,11 @@ func (d *Driver) CopyVolume(ctx context.Context, id, volumeID, target string) er
 	if err := d.wait(ctx, OpCopyVolume); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	v, ok := d.vms[id]
-	if !ok {
-		d.mu.Unlock()
-		return driver.ErrNotFound
-	}
-	power := v.Power
-	k := slices.IndexFunc(v.Spec.Volumes, func(x driver.Volume) bool { return x.ID == volumeID })
-	var vol driver.Volume
-	if k >= 0 {
-		vol = v.Spec.Volumes[k]
-	}
-	d.mu.Unlock()
+	vol, power, ok, err := d.volumeOf(id, volumeID)
 	switch {
-	case k < 0:
+	case err != nil:
+		return err
+	case !ok:
 		return driver.ErrNotFound
 	case power != driver.Running && power != driver.Paused:
 		return driver.ErrNotRunning

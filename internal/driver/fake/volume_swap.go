@@ -22,28 +22,17 @@ func (d *Driver) SwapVolume(ctx context.Context, id, oldID string, vol driver.Vo
 	if err := d.wait(ctx, OpSwapVolume); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	v, ok := d.vms[id]
+	old, power, ok, err := d.volumeOf(id, oldID)
+	if err != nil {
+		return err
+	}
 	if !ok {
-		d.mu.Unlock()
+		if _, _, done, err := d.volumeOf(id, vol.ID); err != nil || done {
+			return err
+		}
 		return driver.ErrNotFound
 	}
-	power := v.Power
-	has := func(vid string) int {
-		return slices.IndexFunc(v.Spec.Volumes, func(x driver.Volume) bool { return x.ID == vid })
-	}
-	k, done := has(oldID), has(vol.ID) >= 0
-	var old driver.Volume
-	if k >= 0 {
-		old = v.Spec.Volumes[k]
-	}
-	d.mu.Unlock()
-	switch {
-	case k < 0 && done:
-		return nil
-	case k < 0:
-		return driver.ErrNotFound
-	case power != driver.Running && power != driver.Paused:
+	if power != driver.Running && power != driver.Paused {
 		return driver.ErrNotRunning
 	}
 	if old.Conn.Driver == driver.VolumeFile && vol.Conn.Driver == driver.VolumeFile {

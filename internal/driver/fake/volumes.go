@@ -99,3 +99,19 @@ func (d *Driver) BootVolume(id string) string {
 	}
 	return ""
 }
+
+// volumeOf is volume volumeID as server id's disks have it (ok false when
+// they have none) and the server's power state.
+func (d *Driver) volumeOf(id, volumeID string) (vol driver.Volume, power driver.PowerState, ok bool, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, found := d.vms[id]
+	if !found {
+		return vol, power, false, driver.ErrNotFound
+	}
+	k := slices.IndexFunc(v.Spec.Volumes, func(x driver.Volume) bool { return x.ID == volumeID })
+	if k < 0 {
+		return vol, v.Power, false, nil
+	}
+	return v.Spec.Volumes[k], v.Power, true, nil
+}

@@ -151,24 +151,16 @@ func addNodes(ctx context.Context, mon *qmp.Monitor, dir string, vol driver.Volu
 // replaceVolume puts vol in old's place in v's record and removes old's
 // key files.
 func (d *Driver) replaceVolume(v *vm, old, vol driver.Volume) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	st := v.st
-	vols := slices.Clone(st.Spec.Volumes)
-	k := slices.IndexFunc(vols, func(r driver.Volume) bool { return r.ID == old.ID })
-	if k < 0 {
-		return fmt.Errorf("qemu: volume %s left the record during its swap", old.ID)
+	err := saveVolumes(v, func(vols []driver.Volume) ([]driver.Volume, error) {
+		k := slices.IndexFunc(vols, func(r driver.Volume) bool { return r.ID == old.ID })
+		if k < 0 {
+			return nil, fmt.Errorf("qemu: volume %s left the record during its swap", old.ID)
+		}
+		vols[k] = vol
+		return vols, nil
+	})
+	if err == nil {
+		removeVolumeKeys(v.dir, old)
 	}
-	vols[k] = vol
-	stashed, err := stashVolumeKeys(v.dir, vols)
-	if err != nil {
-		return err
-	}
-	st.Spec.Volumes = stashed
-	if err := writeState(v.dir, st); err != nil {
-		return err
-	}
-	v.st.Spec.Volumes = stashed
-	removeVolumeKeys(v.dir, old)
-	return nil
+	return err
 }

@@ -451,14 +451,24 @@ func (v *vm) volume(id string) (driver.Volume, bool) {
 
 // recordVolume puts vol into v's record, in place of the one with its id.
 func (d *Driver) recordVolume(v *vm, vol driver.Volume) error {
+	return saveVolumes(v, func(vols []driver.Volume) ([]driver.Volume, error) {
+		if k := slices.IndexFunc(vols, func(r driver.Volume) bool { return r.ID == vol.ID }); k >= 0 {
+			vols[k] = vol
+			return vols, nil
+		}
+		return append(vols, vol), nil
+	})
+}
+
+// saveVolumes writes v's record with the volumes change makes of a copy
+// of its own, their keys moved into files.
+func saveVolumes(v *vm, change func([]driver.Volume) ([]driver.Volume, error)) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	st := v.st
-	vols := slices.Clone(st.Spec.Volumes)
-	if k := slices.IndexFunc(vols, func(r driver.Volume) bool { return r.ID == vol.ID }); k >= 0 {
-		vols[k] = vol
-	} else {
-		vols = append(vols, vol)
+	vols, err := change(slices.Clone(st.Spec.Volumes))
+	if err != nil {
+		return err
 	}
 	stashed, err := stashVolumeKeys(v.dir, vols)
 	if err != nil {
