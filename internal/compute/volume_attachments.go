@@ -481,6 +481,11 @@ func (s *Service) beginSwap(ctx context.Context, c *api.Caller, serverID, oldID,
 		if err != nil {
 			return err
 		}
+		// An old volume that does not exist is the URI's: 404 (Nova's
+		// _update_volume_swap), before any other check.
+		if _, err := s.volumes.VolumeForServer(ctx, tx, c, oldID); err != nil {
+			return err
+		}
 		if err := checkState(sv, "swap_volume", c); err != nil {
 			return err
 		}

@@ -338,6 +338,7 @@ func TestVolumeAttachErrors(t *testing.T) {
 		{"update tag", e.demo, "PUT", path(e.server) + "/" + attached, "2.96", body(`"volumeId":"` + attached + `","tag":"x"`), 400, "The tag property is not mutable"},
 		{"update serverId", e.demo, "PUT", path(e.server) + "/" + attached, "2.96", body(`"volumeId":"` + attached + `","serverId":"` + unknown + `"`), 400, "The serverId property is not mutable"},
 		{"swap to an unknown volume", e.admin, "PUT", path(e.server) + "/" + attached, "2.96", body(`"volumeId":"` + unknown + `"`), 400, unknown},
+		{"swap from an unknown volume", e.admin, "PUT", path(e.server) + "/" + unknown, "2.84", body(`"volumeId":"` + attached + `"`), 404, "Volume " + unknown + " could not be found."},
 		{"swap from a volume not attached", e.admin, "PUT", path(e.server) + "/" + vol, "2.84", body(`"volumeId":"` + attached + `"`), 400, "Invalid volume: Old volume is attached to a different instance."},
 	})
 	e.volumeStatus(vol, "available")

@@ -26,7 +26,8 @@ var quotaDefaults = map[string]int64{
 // unlimited by default.
 var perType = []string{"volumes_", "gigabytes_", "snapshots_"}
 
-// quotaOf is a project's limits: defaults, per-type keys and what an admin set.
+// quotaOf is a project's limits: defaults, per-type keys, the default
+// quota class and what an admin set for the project.
 func quotaOf(ctx context.Context, q store.Querier, project string) (map[string]int64, error) {
 	defaults := map[string]int64{}
 	for k, v := range quotaDefaults {
@@ -41,8 +42,18 @@ func quotaOf(ctx context.Context, q store.Querier, project string) (map[string]i
 			defaults[p+n] = -1
 		}
 	}
+	// The default quota class's limits (stored under project ''): an
+	// admin's change of every project's defaults.
+	defaults, err = quota.Limits(ctx, q, "volume_quotas", defaultClass, defaults)
+	if err != nil || project == defaultClass {
+		return defaults, err
+	}
 	return quota.Limits(ctx, q, "volume_quotas", project, defaults)
 }
+
+// defaultClass is the project id the default quota class's limits are
+// stored under: no project has it.
+const defaultClass = ""
 
 // usage is what a project's volumes take: their count and gigabytes, an
 // extend in progress counted at its new size, and its snapshots'
@@ -231,36 +242,15 @@ func (s *Service) updateQuota(r *http.Request) (*api.Response, error) {
 		if err != nil {
 			return err
 		}
-		set := map[string]int64{}
-		for k, raw := range b {
-			if k == "id" || k == "tenant_id" || k == "project_id" {
-				continue
-			}
-			if _, ok := lim[k]; !ok {
-				return api.BadRequest("Bad key(s) in quota set: %s", k)
-			}
-			var n json.Number
-			d := json.NewDecoder(strings.NewReader(string(raw)))
-			d.UseNumber()
-			var str string
-			if err := d.Decode(&n); err != nil {
-				if json.Unmarshal(raw, &str) != nil {
-					return invalidInput("Quota limit must be an integer: %s", string(raw))
-				}
-				n = json.Number(str)
-			}
-			v, err := n.Int64()
-			if err != nil {
-				return invalidInput("Quota %s must be an integer: %s", k, n)
-			}
-			if v < -1 {
-				return invalidInput("Quota limit must be -1 or greater.")
-			}
+		set, err := quotaValues(b, lim)
+		if err != nil {
+			return err
+		}
+		for k, v := range set {
 			used := map[string]int64{"volumes": vols, "gigabytes": gb, "backups": bks, "backup_gigabytes": bkGB, "snapshots": snaps}[k]
 			if v >= 0 && v < used {
 				return invalidInput("Quota %s limit must be equal or greater than existing resources. Current usage is %d and the requested limit is %d.", k, used, v)
 			}
-			set[k] = v
 		}
 		for k, v := range set {
 			if err := quota.Set(ctx, tx, "volume_quotas", p, k, &v); err != nil {
@@ -276,6 +266,39 @@ func (s *Service) updateQuota(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	return api.JSON(200, map[string]any{"quota_set": out}), nil
+}
+
+// quotaValues are the limits of a quota set's body: each key one of lim's,
+// each value an integer (or a string of one) of at least -1.
+func quotaValues(b body, lim map[string]int64) (map[string]int64, error) {
+	set := map[string]int64{}
+	for k, raw := range b {
+		if k == "id" || k == "tenant_id" || k == "project_id" {
+			continue
+		}
+		if _, ok := lim[k]; !ok {
+			return nil, api.BadRequest("Bad key(s) in quota set: %s", k)
+		}
+		var n json.Number
+		d := json.NewDecoder(strings.NewReader(string(raw)))
+		d.UseNumber()
+		var str string
+		if err := d.Decode(&n); err != nil {
+			if json.Unmarshal(raw, &str) != nil {
+				return nil, invalidInput("Quota limit must be an integer: %s", string(raw))
+			}
+			n = json.Number(str)
+		}
+		v, err := n.Int64()
+		if err != nil {
+			return nil, invalidInput("Quota %s must be an integer: %s", k, n)
+		}
+		if v < -1 {
+			return nil, invalidInput("Quota limit must be -1 or greater.")
+		}
+		set[k] = v
+	}
+	return set, nil
 }
 
 // deleteQuota is DELETE /os-quota-sets/{project} (admin): back to the

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -45,7 +46,7 @@ func scanType(sc interface{ Scan(...any) error }) (*typeRow, error) {
 }
 
 func loadTypes(ctx context.Context, q store.Querier, where string, args ...any) ([]*typeRow, error) {
-	rows, err := q.Query(ctx, "SELECT "+typeColumns+" FROM volume_types WHERE "+where+" ORDER BY name", args...)
+	rows, err := q.Query(ctx, "SELECT "+typeColumns+" FROM volume_types WHERE ("+where+") ORDER BY name", args...)
 	if err != nil {
 		return nil, err
 	}
@@ -65,14 +66,20 @@ var uuidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}
 
 // getType finds a type by id, or by name when ref does not look like a
 // UUID (cinder/volume/volume_types.py get_by_name_or_id), with Cinder's
-// two 404s. A private type is only an admin's.
+// two 404s. A private type is an admin's and its access list's.
 func getType(ctx context.Context, q store.Querier, c *api.Caller, ref string, byName bool) (*typeRow, error) {
 	col := "id"
 	if byName && !uuidRE.MatchString(ref) {
 		col = "name"
 	}
 	t, err := scanType(q.QueryRow(ctx, "SELECT "+typeColumns+" FROM volume_types WHERE "+col+" = ?", ref))
-	if store.IsNoRows(err) || (err == nil && !t.IsPublic && !c.IsAdmin()) {
+	if err == nil && !t.IsPublic && !c.IsAdmin() {
+		var ok bool
+		if ok, err = hasTypeAccess(ctx, q, t.ID, c.ProjectID); err == nil && !ok {
+			err = sql.ErrNoRows
+		}
+	}
+	if store.IsNoRows(err) {
 		if col == "name" {
 			return nil, api.NotFound("Volume type with name %s could not be found.", ref)
 		}
@@ -152,11 +159,14 @@ func typeWriteView(r *http.Request, t *typeRow, update bool) map[string]any {
 	return out
 }
 
-// listTypes is GET /types: public types, and for an admin private ones
-// too unless is_public says otherwise (cinder/api/v2/types.py index).
+// listTypes is GET /types: public types and the private ones the
+// caller's project has access to, and for an admin private ones too
+// unless is_public says otherwise (cinder/api/v2/types.py index, and
+// the db API's _volume_type_get_query).
 func (s *Service) listTypes(r *http.Request) (*api.Response, error) {
-	where := "is_public = 1"
+	where, args := "is_public = 1 OR id IN (SELECT type_id FROM volume_type_projects WHERE project_id = ?)", []any{caller(r).ProjectID}
 	if caller(r).IsAdmin() {
+		args = nil
 		where = "1 = 1"
 		switch p := strings.ToLower(r.URL.Query().Get("is_public")); p {
 		case "":
@@ -169,7 +179,7 @@ func (s *Service) listTypes(r *http.Request) (*api.Response, error) {
 			where = "is_public = " + map[bool]string{true: "1", false: "0"}[b]
 		}
 	}
-	ts, err := loadTypes(r.Context(), s.db, where)
+	ts, err := loadTypes(r.Context(), s.db, where, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -324,6 +334,9 @@ func (s *Service) deleteType(r *http.Request) (*api.Response, error) {
 		if n > 0 {
 			// cinder/exception.py VolumeTypeInUse
 			return api.BadRequest("Volume Type %s deletion is not allowed with volumes present with the type.", t.ID)
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM volume_type_projects WHERE type_id = ?", t.ID); err != nil {
+			return err
 		}
 		_, err = tx.Exec(ctx, "DELETE FROM volume_types WHERE id = ?", t.ID)
 		return err

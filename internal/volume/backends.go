@@ -1,0 +1,161 @@
+package volume
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"nimbus/internal/api"
+)
+
+// What an operator's tools ask of the storage backend (admin): Cinder's
+// os-hosts (cinder/api/contrib/hosts.py), the scheduler's pools
+// (scheduler_stats.py get_pools) and the backend's capabilities
+// (cinder/api/contrib/capabilities.py). Nimbus has
+// one backend, the cloud's (file or rbd), and one pool in it, named as
+// volumes show their host (volumeHost).
+
+const (
+	backendHost = volumeHostName + "@" + DefaultType // cinder-volume's host
+	vendorName  = "Nimbus"
+	driverVer   = "1.0.0"
+)
+
+// backendFacts are the backend's protocol and its capacity in GiB, as
+// numbers or Cinder's "unknown" when the backend does not say.
+func (s *Service) backendFacts() (protocol string, total, free any) {
+	if _, ok := s.backend.(*rbdBackend); ok {
+		return "ceph", "unknown", "unknown"
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.dataDir, &st); err != nil {
+		return "nbd", "unknown", "unknown"
+	}
+	gib := func(blocks uint64) float64 {
+		return float64(int64(blocks)*st.Bsize>>20) / 1024
+	}
+	return "nbd", gib(st.Blocks), gib(st.Bavail)
+}
+
+// volumeTotals are the volumes' count and GiB, and the snapshots', of one
+// project ("" : all).
+func (s *Service) volumeTotals(ctx context.Context, project string) (vols, volGB, snaps, snapGB int64, err error) {
+	where, args := "1 = 1", []any{}
+	if project != "" {
+		where, args = "project_id = ?", []any{project}
+	}
+	err = s.db.QueryRow(ctx, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volumes WHERE "+where, args...).Scan(&vols, &volGB)
+	if err == nil {
+		err = s.db.QueryRow(ctx, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volume_snapshots WHERE "+where, args...).Scan(&snaps, &snapGB)
+	}
+	return
+}
+
+// listHosts is GET /os-hosts: the hosts of the volume service's parts.
+func (s *Service) listHosts(r *http.Request) (*api.Response, error) {
+	now := cinderTime(s.now())
+	out := []any{}
+	for _, sv := range volumeServices {
+		out = append(out, map[string]any{"host_name": sv.host, "service": sv.binary, "zone": AvailabilityZone,
+			"service-status": "available", "service-state": "enabled", "last-update": now})
+	}
+	return api.JSON(http.StatusOK, map[string]any{"hosts": out}), nil
+}
+
+// showHost is GET /os-hosts/{host}: the volumes and snapshots of a
+// cinder-volume host, in total and per project.
+func (s *Service) showHost(r *http.Request) (*api.Response, error) {
+	host := r.PathValue("host")
+	if host != backendHost {
+		return nil, api.NotFound("Host not found")
+	}
+	ctx := r.Context()
+	resource := func(project string) (map[string]any, error) {
+		vols, volGB, snaps, snapGB, err := s.volumeTotals(ctx, project)
+		if project == "" {
+			project = "(total)"
+		}
+		return map[string]any{"resource": map[string]string{"host": host, "project": project,
+			"volume_count": strconv.FormatInt(vols, 10), "total_volume_gb": strconv.FormatInt(volGB, 10),
+			"snapshot_count": strconv.FormatInt(snaps, 10), "total_snapshot_gb": strconv.FormatInt(snapGB, 10)}}, err
+	}
+	total, err := resource("")
+	if err != nil {
+		return nil, err
+	}
+	out := []any{total}
+	rows, err := s.db.Query(ctx, "SELECT DISTINCT project_id FROM volumes ORDER BY project_id")
+	if err != nil {
+		return nil, err
+	}
+	var projects []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		projects = append(projects, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, p := range projects {
+		res, err := resource(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res)
+	}
+	return api.JSON(http.StatusOK, map[string]any{"host": out}), nil
+}
+
+// getPools is GET /scheduler-stats/get_pools: the one pool, with its
+// capabilities when detail is true.
+func (s *Service) getPools(r *http.Request) (*api.Response, error) {
+	pool := map[string]any{"name": volumeHost}
+	if d, ok := api.ParseBool(r.URL.Query().Get("detail")); ok && d {
+		_, volGB, _, _, err := s.volumeTotals(r.Context(), "")
+		if err != nil {
+			return nil, err
+		}
+		protocol, total, free := s.backendFacts()
+		now := cinderTime(s.now())
+		pool["capabilities"] = map[string]any{
+			"pool_name": DefaultType, "volume_backend_name": DefaultType, "vendor_name": vendorName,
+			"driver_version": driverVer, "storage_protocol": protocol, "QoS_support": true,
+			"total_capacity_gb": total, "free_capacity_gb": free, "allocated_capacity_gb": volGB,
+			"reserved_percentage": 0, "thin_provisioning_support": true, "thick_provisioning_support": false,
+			"multiattach": false, "timestamp": now, "updated": now,
+		}
+	}
+	return api.JSON(http.StatusOK, map[string]any{"pools": []any{pool}}), nil
+}
+
+// showCapabilities is GET /capabilities/{host}: the backend's, named as
+// cinder-volume's host or as its pool.
+func (s *Service) showCapabilities(r *http.Request) (*api.Response, error) {
+	host := r.PathValue("host")
+	if h, _, _ := strings.Cut(host, "#"); h != backendHost {
+		return nil, api.NotFound("Service %s could not be found.", host)
+	}
+	protocol, _, _ := s.backendFacts()
+	prop := func(typ, title, desc string) map[string]string {
+		return map[string]string{"type": typ, "title": title, "description": desc}
+	}
+	return api.JSON(http.StatusOK, map[string]any{
+		"namespace": "OS::Storage::Capabilities::" + backendHost, "vendor_name": vendorName,
+		"volume_backend_name": DefaultType, "pool_name": DefaultType, "driver_version": driverVer,
+		"storage_protocol": protocol, "display_name": nil, "description": nil, "visibility": nil,
+		"replication_targets": []any{},
+		"properties": map[string]any{
+			"thin_provisioning": prop("boolean", "Thin Provisioning", "Sets thin provisioning."),
+			"compression":       prop("boolean", "Compression", "Enables compression."),
+			"qos":               prop("boolean", "QoS", "Enables QoS."),
+			"replication":       prop("boolean", "Replication", "Enables replication."),
+		},
+	}), nil
+}
