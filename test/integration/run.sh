@@ -485,6 +485,22 @@ cli_volumes() {
 	local deadline=$((SECONDS + WAIT))
 	while ((SECONDS < deadline)) && demo volume show "$v-b" >/dev/null 2>&1; do sleep 0.5; done
 	fails_with "volume show after delete" "No volume with a name or ID" demo volume show "$v-b"
+
+	# A private type: hidden from demo until an admin gives demo access.
+	local t="it-private-$RANDOM"
+	ok "volume type create --private (admin)" admin volume type create --private "$t" -f json &&
+		jcheck "the type is private" 'd["is_public"] in (False, "False")'
+	fails_with "demo cannot use the private type" "HTTP 404|could not be found|No volumetype" \
+		demo volume create --size 1 --type "$t" "$v-p"
+	ok "volume type set --project demo (admin)" admin volume type set --project demo "$t"
+	ok "volume type show (admin)" admin volume type show "$t" -f json &&
+		jcheck "access lists demo's project" "'$(admin project show demo -f value -c id)' in str(d.get('access_project_ids'))"
+	ok "volume type list (demo)" demo volume type list -f json &&
+		jcheck "demo lists the private type" "any(x['Name'] == '$t' for x in d)"
+	ok "volume type unset --project demo (admin)" admin volume type unset --project demo "$t"
+	ok "volume type list after unset (demo)" demo volume type list -f json &&
+		jcheck "demo no longer lists it" "not any(x['Name'] == '$t' for x in d)"
+	ok "volume type delete (admin)" admin volume type delete "$t"
 }
 
 cli_admin() {
