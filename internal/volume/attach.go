@@ -743,6 +743,9 @@ func (s *Service) finishExtend(ctx context.Context, v *volRow, werr error) error
 			v.Size, v.NewSize = max(v.Size, v.NewSize), 0
 		}
 		ok, err := s.setStatus(ctx, q, v, status, reason, StatusExtending)
+		if err == nil && ok && werr != nil {
+			err = s.addMessage(ctx, q, v.ProjectID, "", v.ID, actionExtend, detailExtend)
+		}
 		servers = servers[:0]
 		if ok && werr == nil {
 			for _, a := range atts {

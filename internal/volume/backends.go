@@ -39,6 +39,61 @@ func (s *Service) backendFacts() (protocol string, total, free any) {
 	return "nbd", gib(st.Blocks), gib(st.Bavail)
 }
 
+// backendCapabilities are what the backend reports of itself, which a
+// volume type's extra specs may ask for (Cinder's CapabilitiesFilter).
+func (s *Service) backendCapabilities() map[string]string {
+	protocol, _, _ := s.backendFacts()
+	return map[string]string{"volume_backend_name": DefaultType, "pool_name": DefaultType, "vendor_name": vendorName,
+		"driver_version": driverVer, "storage_protocol": protocol, "QoS_support": "True",
+		"thin_provisioning_support": "True", "thick_provisioning_support": "False", "multiattach": "False"}
+}
+
+// backendFits reports whether the backend has what a type's extra specs
+// ask (cinder/scheduler/filters/capabilities_filter.py): an unscoped or
+// "capabilities:" key the backend reports must match its value, with
+// Cinder's "<is>", "<in>", "<or>" and "s==" operators or as a plain
+// string. Keys of another scope, and unscoped ones the backend does not
+// report, are left to the features that read them.
+func (s *Service) backendFits(specs map[string]string) bool {
+	caps := s.backendCapabilities()
+	for k, want := range specs {
+		k = strings.TrimPrefix(k, "capabilities:")
+		have, ok := caps[k]
+		if !ok {
+			continue
+		}
+		if !specMatches(have, want) {
+			return false
+		}
+	}
+	return true
+}
+
+// specMatches is cinder/scheduler/filters/extra_specs_ops.py match for
+// the operators a string capability takes.
+func specMatches(have, want string) bool {
+	words := strings.Fields(want)
+	if len(words) == 0 {
+		return have == want
+	}
+	switch words[0] {
+	case "<is>":
+		return len(words) == 2 && strings.EqualFold(have, words[1])
+	case "<in>":
+		return len(words) == 2 && strings.Contains(have, words[1])
+	case "s==":
+		return len(words) == 2 && have == words[1]
+	case "<or>":
+		for i := 1; i < len(words); i += 2 {
+			if words[i] == have {
+				return true
+			}
+		}
+		return false
+	}
+	return have == want
+}
+
 // volumeTotals are the volumes' count and GiB, and the snapshots', of one
 // project ("" : all).
 func (s *Service) volumeTotals(ctx context.Context, project string) (vols, volGB, snaps, snapGB int64, err error) {

@@ -163,17 +163,24 @@ func (s *Service) licenceOf(ctx context.Context, v *volRow) string {
 // image goes if the copy fails; one left half-stored by a stopped
 // controller is deleted the same way, and the volume is given back.
 func (s *Service) finishUpload(ctx context.Context, v *volRow) error {
+	failed := false
 	if id := v.AdminMetadata[uploadImageKey]; id == "" {
 		s.log.Error("volume: uploading with no image to upload to", "volume", v.ID)
 	} else if werr := s.copyToImage(ctx, v, id); ctx.Err() != nil {
 		return nil // stopped: the next start resumes it
 	} else if werr != nil {
+		failed = true
 		s.log.Error("volume: upload to image failed", "volume", v.ID, "image", id, "error", werr)
 		if err := s.images.Delete(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
 			s.log.Warn("volume: removing a failed upload's image", "image", id, "error", err)
 		}
 	}
 	return s.record(ctx, v, func(q store.Querier) error {
+		if failed {
+			if err := s.addMessage(ctx, q, v.ProjectID, "", v.ID, actionUpload, detailUpload); err != nil {
+				return err
+			}
+		}
 		delete(v.AdminMetadata, uploadImageKey)
 		if _, err := q.Exec(ctx, "UPDATE volumes SET admin_metadata = ? WHERE id = ?", store.JSON(v.AdminMetadata), v.ID); err != nil {
 			return err

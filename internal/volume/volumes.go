@@ -247,11 +247,20 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 		}
 		now := s.now()
 		v.CreatedAt, v.UpdatedAt = now, now
+		noBackend := !s.backendFits(t.ExtraSpecs)
+		if noBackend {
+			// Cinder's scheduler finds no backend for the type: the
+			// volume is made in error, with a message saying why.
+			v.Status, v.Error = StatusError, "No valid backend was found. No weighed backends available"
+		}
 		if err := insertVol(ctx, tx, v); err != nil {
 			return err
 		}
 		if err := s.meter(ctx, tx, v, now); err != nil {
 			return err
+		}
+		if noBackend {
+			return s.addMessage(ctx, tx, v.ProjectID, api.RequestID(ctx), v.ID, actionSchedule, detailNoBackend)
 		}
 		tx.AfterCommit(func() { s.kick(v.ID) })
 		return nil

@@ -126,8 +126,15 @@ func (s *Service) finish(ctx context.Context, v *volRow, werr error, from string
 		apply()
 	}
 	return s.record(ctx, v, func(q store.Querier) error {
-		_, err := s.setStatus(ctx, q, v, status, reason, from)
-		return err
+		ok, err := s.setStatus(ctx, q, v, status, reason, from)
+		if err != nil || !ok || werr == nil {
+			return err
+		}
+		action := actionSchedule // creating (extends end in finishExtend)
+		if v.ImageID != "" {
+			action = actionFromImage
+		}
+		return s.addMessage(ctx, q, v.ProjectID, "", v.ID, action, detailUnknown)
 	})
 }
 
