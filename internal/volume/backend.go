@@ -34,8 +34,9 @@ type backend interface {
 	// to an image), and what to call when done with it.
 	readFile(ctx context.Context, id string) (path string, done func(), err error)
 
-	// backup stores volume b.VolumeID's data as backup b (incremental
-	// from b.ParentID when it has one) and answers Cinder's object_count.
+	// backup stores volume b.VolumeID's data, or its snapshot
+	// b.SnapshotID's, as backup b (incremental from b.ParentID when it has
+	// one) and answers Cinder's object_count.
 	backup(ctx context.Context, b *bkRow) (objects int64, err error)
 	// restore writes backup b over volume b.RestoreVolume's data from its
 	// start, making the data first for a new volume.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"nimbus/internal/driver"
 	"nimbus/internal/rbd"
@@ -31,10 +32,17 @@ import (
 // parent's snapshot and its own on the volume. The volume keeps its
 // latest backup's snapshot for the next incremental; when that snapshot
 // is gone (the backup was deleted), an incremental is stored as a full
-// one.
+// one. A backup of a volume's snapshot takes no snapshot of its own: its
+// diff ends at the volume's RBD snapshot, renamed to the backup's on the
+// backup image.
 type rbdBackend struct {
 	s             *Service
 	vols, backups *rbd.Store
+	// chains serialises the backups of one volume (id → *sync.Mutex):
+	// a snapshot's backup runs beside its volume's, and incrementals
+	// apply their diffs to the same image, whose head every import-diff
+	// writes before it snapshots it.
+	chains sync.Map
 }
 
 var _ backend = (*rbdBackend)(nil)
@@ -138,49 +146,77 @@ func (r *rbdBackend) imageOf(ctx context.Context, b *bkRow) (string, error) {
 	}
 }
 
+// volSnap is the volume's snapshot that holds backup b's data: the
+// snapshot it backs up, or else the one the backup takes.
+func volSnap(b *bkRow) string {
+	if b.SnapshotID != "" {
+		return rbd.SnapshotName(b.SnapshotID)
+	}
+	return backupSnap(b)
+}
+
+// incrementalBase is where an incremental backup b goes: its parent's
+// image, from the parent's snapshot there (fromImage) and its data's on
+// the volume (fromVol), when both are still there and the parent's data
+// is older than b's (rbd diffs only forward; a snapshot's backup may have
+// a newer parent). image is "" for a full backup.
+func (r *rbdBackend) incrementalBase(ctx context.Context, b *bkRow) (image, fromImage, fromVol string, err error) {
+	if b.ParentID == "" {
+		return "", "", "", nil
+	}
+	p, err := getBackup(ctx, r.s.db, b.ParentID)
+	if err != nil {
+		return "", "", "", fmt.Errorf("parent backup %s: %w", b.ParentID, err)
+	}
+	if !p.DataTimestamp.Before(b.DataTimestamp) {
+		return "", "", "", nil
+	}
+	pimage, err := r.imageOf(ctx, p)
+	if errors.Is(err, errNoBackupImage) {
+		return "", "", "", nil
+	}
+	if err != nil {
+		return "", "", "", err
+	}
+	onVol, err := r.vols.HasSnapshot(ctx, rbd.VolumeName(b.VolumeID), volSnap(p))
+	if err != nil || !onVol {
+		return "", "", "", err
+	}
+	onImage, err := r.backups.HasSnapshot(ctx, pimage, backupSnap(p))
+	if err != nil || !onImage {
+		return "", "", "", err
+	}
+	return pimage, backupSnap(p), volSnap(p), nil
+}
+
 func (r *rbdBackend) backup(ctx context.Context, b *bkRow) (int64, error) {
+	mu, _ := r.chains.LoadOrStore(b.VolumeID, new(sync.Mutex))
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
 	vol, snap := rbd.VolumeName(b.VolumeID), backupSnap(b)
 	own := backupImage(b.VolumeID, b.ID)
-	// Where an incremental goes: its parent's image, from the parent's
-	// snapshot, when both still have that snapshot.
-	image, from := own, ""
-	if b.ParentID != "" {
-		p, err := getBackup(ctx, r.s.db, b.ParentID)
-		if err != nil {
-			return 0, fmt.Errorf("parent backup %s: %w", b.ParentID, err)
-		}
-		pimage, err := r.imageOf(ctx, p)
-		if err != nil && !errors.Is(err, errNoBackupImage) {
-			return 0, err
-		}
-		if err == nil {
-			psnap := backupSnap(p)
-			onVol, err := r.vols.HasSnapshot(ctx, vol, psnap)
-			if err != nil {
-				return 0, err
-			}
-			onImage, err := r.backups.HasSnapshot(ctx, pimage, psnap)
-			if err != nil {
-				return 0, err
-			}
-			if onVol && onImage {
-				image, from = pimage, psnap
-			}
-		}
+	image, fromImage, fromVol, err := r.incrementalBase(ctx, b)
+	if err != nil {
+		return 0, err
+	}
+	if image == "" {
+		image = own
 	}
 	// Stored before a restart.
 	for _, img := range []string{image, own} {
 		if ok, err := r.backups.HasSnapshot(ctx, img, snap); err == nil && ok {
-			return 0, r.dropOlderSnaps(ctx, vol, snap)
+			return 0, r.keepLatestSnap(ctx, b)
 		} else if err != nil && !errors.Is(err, rbd.ErrNotFound) {
 			return 0, err
 		}
 	}
-	if ok, err := r.vols.HasSnapshot(ctx, vol, snap); err != nil {
-		return 0, err
-	} else if !ok {
-		if err := r.vols.CreateSnapshot(ctx, vol, snap); err != nil {
+	if b.SnapshotID == "" {
+		if ok, err := r.vols.HasSnapshot(ctx, vol, snap); err != nil {
 			return 0, err
+		} else if !ok {
+			if err := r.vols.CreateSnapshot(ctx, vol, snap); err != nil {
+				return 0, err
+			}
 		}
 	}
 	if image == own {
@@ -189,21 +225,34 @@ func (r *rbdBackend) backup(ctx context.Context, b *bkRow) (int64, error) {
 			return 0, err
 		}
 		// A full backup resumed finds its image made; applying the whole
-		// diff again writes what it had written.
+		// diff again writes what it had written. The diff sizes the image
+		// as its snapshot.
 		if err := r.backups.Create(ctx, own, size); err != nil && !errors.Is(err, rbd.ErrExists) {
 			return 0, err
 		}
 	}
-	n, err := r.diff(ctx, vol, from, snap, image)
+	n, err := r.diff(ctx, vol, fromVol, volSnap(b), image, fromImage, snap)
 	if err != nil {
 		return 0, err
 	}
-	return (n + BackupChunkSize - 1) / BackupChunkSize, r.dropOlderSnaps(ctx, vol, snap)
+	return (n + BackupChunkSize - 1) / BackupChunkSize, r.keepLatestSnap(ctx, b)
+}
+
+// keepLatestSnap drops the volume's backup snapshots older than backup
+// b's own, from which the volume's next incremental starts. A snapshot's
+// backup leaves them: the latest backup by data_timestamp, the next
+// one's parent, may be a backup of the volume newer than the snapshot.
+func (r *rbdBackend) keepLatestSnap(ctx context.Context, b *bkRow) error {
+	if b.SnapshotID != "" {
+		return nil
+	}
+	return r.dropOlderSnaps(ctx, rbd.VolumeName(b.VolumeID), backupSnap(b))
 }
 
 // diff streams the volume's changes from..to into the backup pool's
-// image (rbd export-diff | rbd import-diff) and answers the diff's size.
-func (r *rbdBackend) diff(ctx context.Context, vol, from, to, image string) (int64, error) {
+// image (rbd export-diff | rbd import-diff), where they start at
+// snapshot imageFrom and end at imageTo, and answers the diff's size.
+func (r *rbdBackend) diff(ctx context.Context, vol, from, to, image, imageFrom, imageTo string) (int64, error) {
 	pr, pw := io.Pipe()
 	exported := make(chan error, 1)
 	go func() {
@@ -212,7 +261,7 @@ func (r *rbdBackend) diff(ctx context.Context, vol, from, to, image string) (int
 		exported <- err
 	}()
 	cr := &countingReader{r: pr}
-	err := r.backups.ImportDiff(ctx, image, cr)
+	err := r.backups.ImportDiff(ctx, image, rbd.RenameDiff(cr, imageFrom, imageTo))
 	pr.CloseWithError(errors.New("import-diff ended"))
 	if xerr := <-exported; xerr != nil && err == nil {
 		err = xerr
@@ -266,7 +315,8 @@ func (r *rbdBackend) restore(ctx context.Context, b *bkRow) error {
 }
 
 // deleteBackup removes the backup's snapshot from its image, the image
-// with its last snapshot, and the snapshot the volume kept for it.
+// with its last snapshot, and the snapshot the volume kept for it (a
+// snapshot's backup took none).
 func (r *rbdBackend) deleteBackup(ctx context.Context, b *bkRow) error {
 	snap := backupSnap(b)
 	image, err := r.imageOf(ctx, b)
@@ -287,6 +337,9 @@ func (r *rbdBackend) deleteBackup(ctx context.Context, b *bkRow) error {
 				return err
 			}
 		}
+	}
+	if b.SnapshotID != "" {
+		return nil // the volume's snapshot is its owner's
 	}
 	return r.vols.DeleteSnapshot(ctx, rbd.VolumeName(b.VolumeID), snap)
 }

@@ -49,7 +49,10 @@ type bkRow struct {
 	Size, ObjectCount               int64
 	Status, ParentID, RestoreVolume string
 	VolumeStatus                    string // the volume's status before the copy
-	Metadata                        map[string]string
+	// SnapshotID is the snapshot of the volume the backup's data is ("":
+	// the volume's own data); it is backing-up, not the volume, meanwhile.
+	SnapshotID string
+	Metadata   map[string]string
 	// Vol is what the backup keeps of its volume besides the data, for a
 	// restore to give back: its metadata, image metadata, bootable flag
 	// and service-written source image.
@@ -63,7 +66,7 @@ type bkRow struct {
 const bkColumns = `b.id, b.project_id, b.user_id, b.volume_id, b.name, b.description, b.container, b.size, b.object_count,
 	b.status, b.parent_id, b.restore_volume_id, b.volume_status, b.metadata, b.fail_reason,
 	(SELECT COUNT(*) FROM volume_backups c WHERE c.parent_id = b.id), b.data_timestamp, b.created_at, b.updated_at,
-	b.volume_metadata, b.image_metadata, b.bootable, b.source_image_id`
+	b.volume_metadata, b.image_metadata, b.bootable, b.source_image_id, b.snapshot_id`
 
 // backupVolume is what a backup keeps of its volume besides the data.
 type backupVolume struct {
@@ -78,7 +81,7 @@ func scanBackup(sc interface{ Scan(...any) error }) (*bkRow, error) {
 	var boot int
 	if err := sc.Scan(&b.ID, &b.ProjectID, &b.UserID, &b.VolumeID, &b.Name, &b.Description, &b.Container, &b.Size,
 		&b.ObjectCount, &b.Status, &b.ParentID, &b.RestoreVolume, &b.VolumeStatus, &meta, &b.FailReason, &b.Dependents, &ts, &created, &updated,
-		&vmeta, &imeta, &boot, &b.Vol.SourceImageID); err != nil {
+		&vmeta, &imeta, &boot, &b.Vol.SourceImageID, &b.SnapshotID); err != nil {
 		return nil, err
 	}
 	b.Metadata, b.Vol.Metadata, b.Vol.ImageMetadata = map[string]string{}, map[string]string{}, map[string]string{}
@@ -173,7 +176,7 @@ func backupView(r *http.Request, b *bkRow) map[string]any {
 		"created_at": cinderTime(b.CreatedAt), "updated_at": cinderTime(b.UpdatedAt),
 		"name": b.Name, "description": b.Description, "fail_reason": fail, "volume_id": b.VolumeID,
 		"links": links(r, "backups", b.ID), "is_incremental": b.ParentID != "",
-		"has_dependent_backups": b.Dependents > 0, "snapshot_id": nil, "data_timestamp": cinderTime(b.DataTimestamp),
+		"has_dependent_backups": b.Dependents > 0, "snapshot_id": nullID(b.SnapshotID), "data_timestamp": cinderTime(b.DataTimestamp),
 	}
 	mv, admin := minor(r), caller(r).IsAdmin()
 	if mv >= 43 {
@@ -206,7 +209,7 @@ func (s *Service) showBackup(r *http.Request) (*api.Response, error) {
 // backupRequest is a create body read and checked
 // (cinder/api/schemas/backups.py create, create_backup_v343).
 type backupRequest struct {
-	volumeID                string
+	volumeID, snapshotID    string
 	name, description, cont *string
 	incremental, force      bool
 	metadata                map[string]string
@@ -233,8 +236,10 @@ func readBackupRequest(r *http.Request) (*backupRequest, error) {
 		return nil, api.BadRequest("Invalid input for field/attribute backup. 'volume_id' is a required property")
 	}
 	req.volumeID = *vol
-	if raw, ok := b["snapshot_id"]; ok && !isNull(raw) {
-		return nil, api.BadRequest("Backing up a snapshot is not supported yet.")
+	if sn, err := b.optString("snapshot_id", 36); err != nil {
+		return nil, err
+	} else if sn != nil {
+		req.snapshotID = *sn
 	}
 	for _, f := range []struct {
 		key string
@@ -265,8 +270,8 @@ func readBackupRequest(r *http.Request) (*backupRequest, error) {
 }
 
 // createBackup is POST /backups (cinder/backup/api.py API.create): 202
-// with the backup's summary; the volume is backing-up until the copy is
-// done (processBackup).
+// with the backup's summary; the volume, or the snapshot backed up, is
+// backing-up until the copy is done (processBackup).
 func (s *Service) createBackup(r *http.Request) (*api.Response, error) {
 	ctx := r.Context()
 	c := caller(r)
@@ -283,22 +288,20 @@ func (s *Service) createBackup(r *http.Request) (*api.Response, error) {
 		if err != nil {
 			return err
 		}
-		// in-use comes with attachments; the check is Cinder's already.
-		if v.Status != StatusAvailable && v.Status != "in-use" {
-			return invalidVolume("Volume to be backed up must be available or in-use, but the current status is \"%s\".", v.Status)
+		sn, err := backupSnapshot(ctx, tx, c, v, req)
+		if err != nil {
+			return err
 		}
-		if v.Status == "in-use" && !req.force {
-			return invalidVolume("Backing up an in-use volume must use the force flag.")
-		}
+		// backup_gigabytes counts the volume's size, a snapshot's backup too.
 		if err := s.reserveBackup(ctx, tx, c.ProjectID, v.Size); err != nil {
 			return err
 		}
-		parent, err := incrementalParent(ctx, tx, req, v.ID, c.ProjectID)
+		parent, err := incrementalParent(ctx, tx, req, v.ID, c.ProjectID, sn)
 		if err != nil {
 			return err
 		}
 		prev := v.Status
-		if _, err := s.setStatus(ctx, tx, v, volBackingUp, "", prev); err != nil {
+		if err := s.holdBackupSource(ctx, tx, v, sn); err != nil {
 			return err
 		}
 		now := s.now()
@@ -306,13 +309,17 @@ func (s *Service) createBackup(r *http.Request) (*api.Response, error) {
 			Description: req.description, Container: req.cont, Size: v.Size, Status: backupCreating, ParentID: parent,
 			VolumeStatus: prev, Metadata: req.metadata, DataTimestamp: now, CreatedAt: now, UpdatedAt: now,
 			Vol: backupVolume{Metadata: v.Metadata, ImageMetadata: v.ImageMetadata, Bootable: v.Bootable, SourceImageID: v.SourceImageID}}
+		if sn != nil {
+			// The data is the snapshot's, as of its taking.
+			b.SnapshotID, b.DataTimestamp = sn.ID, sn.CreatedAt
+		}
 		if _, err := tx.Exec(ctx, `INSERT INTO volume_backups (id, project_id, user_id, volume_id, name, description, container,
 			size, status, parent_id, volume_status, metadata, data_timestamp, created_at, updated_at,
-			volume_metadata, image_metadata, bootable, source_image_id)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			volume_metadata, image_metadata, bootable, source_image_id, snapshot_id)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			b.ID, b.ProjectID, b.UserID, b.VolumeID, b.Name, b.Description, b.Container, b.Size, b.Status, b.ParentID, b.VolumeStatus,
-			store.JSON(b.Metadata), store.FormatTime(now), store.FormatTime(now), store.FormatTime(now),
-			store.JSON(b.Vol.Metadata), store.JSON(b.Vol.ImageMetadata), b2i(b.Vol.Bootable), b.Vol.SourceImageID); err != nil {
+			store.JSON(b.Metadata), store.FormatTime(b.DataTimestamp), store.FormatTime(now), store.FormatTime(now),
+			store.JSON(b.Vol.Metadata), store.JSON(b.Vol.ImageMetadata), b2i(b.Vol.Bootable), b.Vol.SourceImageID, b.SnapshotID); err != nil {
 			return err
 		}
 		if err := meterBackup(ctx, tx, b, now); err != nil {
@@ -327,15 +334,67 @@ func (s *Service) createBackup(r *http.Request) (*api.Response, error) {
 	return api.JSON(http.StatusAccepted, map[string]any{"backup": backupSummary(r, b)}), nil
 }
 
+// backupSnapshot checks what a create backs up: the snapshot asked for,
+// which must be the volume's and available (the volume's own status does
+// not matter then, as in Cinder); or else the volume, available, or in-use
+// with force. It answers the snapshot, nil for the volume.
+func backupSnapshot(ctx context.Context, q store.Querier, c *api.Caller, v *volRow, req *backupRequest) (*snapRow, error) {
+	if req.snapshotID == "" {
+		// in-use comes with attachments; the check is Cinder's already.
+		if v.Status != StatusAvailable && v.Status != StatusInUse {
+			return nil, invalidVolume("Volume to be backed up must be available or in-use, but the current status is \"%s\".", v.Status)
+		}
+		if v.Status == StatusInUse && !req.force {
+			return nil, invalidVolume("Backing up an in-use volume must use the force flag.")
+		}
+		return nil, nil
+	}
+	sn, err := ownedSnap(ctx, q, c, req.snapshotID)
+	if err != nil {
+		return nil, err
+	}
+	if sn.VolumeID != v.ID {
+		return nil, invalidVolume("Volume %s does not match with snapshot.volume_id %s.", v.ID, sn.VolumeID)
+	}
+	if sn.Status != SnapAvailable {
+		return nil, invalidSnapshot("Snapshot to be backed up must be available, but the current status is \"%s\".", sn.Status)
+	}
+	return sn, nil
+}
+
+// holdBackupSource puts what a backup reads in backing-up until it is
+// made: the snapshot, when it backs one up, else the volume.
+func (s *Service) holdBackupSource(ctx context.Context, tx *store.Tx, v *volRow, sn *snapRow) error {
+	if sn == nil {
+		_, err := s.setStatus(ctx, tx, v, volBackingUp, "", v.Status)
+		return err
+	}
+	ok, err := s.setSnapStatus(ctx, tx, sn, SnapBackingUp, sn.Error, SnapAvailable)
+	if err == nil && !ok { // changed since it was read
+		err = invalidSnapshot("Snapshot to be backed up must be available.")
+	}
+	return err
+}
+
 // incrementalParent is the backup an incremental one builds on: the
 // volume's latest in the project by data_timestamp, which must be
-// available ("" for a full backup).
-func incrementalParent(ctx context.Context, q store.Querier, req *backupRequest, volumeID, project string) (string, error) {
+// available ("" for a full backup). For a snapshot's backup it is the
+// latest whose data is older than the snapshot, as in Cinder; when none
+// is, Cinder still takes one, and so the latest.
+func incrementalParent(ctx context.Context, q store.Querier, req *backupRequest, volumeID, project string, sn *snapRow) (string, error) {
 	if !req.incremental {
 		return "", nil
 	}
-	bs, err := loadBackups(ctx, q, "b.volume_id = ? AND b.project_id = ? ORDER BY b.data_timestamp DESC, b.created_at DESC LIMIT 1",
-		volumeID, project)
+	const order = " ORDER BY b.data_timestamp DESC, b.created_at DESC LIMIT 1"
+	where, args := "b.volume_id = ? AND b.project_id = ?", []any{volumeID, project}
+	var bs []*bkRow
+	var err error
+	if sn != nil {
+		bs, err = loadBackups(ctx, q, where+" AND b.data_timestamp < ?"+order, append(args, store.FormatTime(sn.CreatedAt))...)
+	}
+	if err == nil && len(bs) == 0 {
+		bs, err = loadBackups(ctx, q, where+order, args...)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -841,7 +900,7 @@ func (s *Service) processBackup(ctx context.Context, id string) error {
 
 // finishCreate records a backup's copy: available with its object count,
 // or error with the reason (unless an admin reset it meanwhile); its
-// volume returns to the status it had either way.
+// volume or snapshot returns to the status it had either way.
 func (s *Service) finishCreate(ctx context.Context, b *bkRow, objects int64, werr error) error {
 	status := backupAvailable
 	if werr != nil {
@@ -854,12 +913,30 @@ func (s *Service) finishCreate(ctx context.Context, b *bkRow, objects int64, wer
 		if _, err := s.setBackupStatus(ctx, tx, b, status, backupCreating); err != nil {
 			return err
 		}
-		prev := b.VolumeStatus
-		if prev == "" {
-			prev = StatusAvailable
-		}
-		return s.volumeBack(ctx, tx, b.VolumeID, volBackingUp, prev)
+		return s.releaseBackupSource(ctx, tx, b)
 	})
+}
+
+// releaseBackupSource returns what a backup read to the status it had:
+// the snapshot to available, or the volume to its status before. Either
+// may have been reset or deleted meanwhile, and is left alone then.
+func (s *Service) releaseBackupSource(ctx context.Context, tx *store.Tx, b *bkRow) error {
+	if b.SnapshotID != "" {
+		sn, err := getSnap(ctx, tx, b.SnapshotID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		_, err = s.setSnapStatus(ctx, tx, sn, SnapAvailable, sn.Error, SnapBackingUp)
+		return err
+	}
+	prev := b.VolumeStatus
+	if prev == "" {
+		prev = StatusAvailable
+	}
+	return s.volumeBack(ctx, tx, b.VolumeID, volBackingUp, prev)
 }
 
 // restoreData writes the backup into its target volume's file, making the

@@ -143,11 +143,15 @@ func (s *Service) liveInto(volID, dst string, size int64, run func(target string
 	return os.Rename(tmp, dst)
 }
 
-// backupSource is the file a backup reads: for a volume that was in-use
-// (a forced backup), a temporary snapshot copied live when a running VM
-// writes it, which release removes; else the volume's own file.
+// backupSource is the file a backup reads: a snapshot's backup, the
+// snapshot's file; for a volume that was in-use (a forced backup), a
+// temporary snapshot copied live when a running VM writes it, which
+// release removes; else the volume's own file.
 func (s *Service) backupSource(ctx context.Context, b *bkRow) (path string, release func(), err error) {
 	path, release = s.dataPath(b.VolumeID), func() {}
+	if b.SnapshotID != "" {
+		return s.snapPath(b.SnapshotID), release, nil
+	}
 	if b.VolumeStatus != StatusInUse {
 		return path, release, nil
 	}

@@ -128,7 +128,8 @@ func (c *rbdCluster) size(t *testing.T, id string) int64 {
 // cloud's HTTP API on both engines, against the shared one-node Ceph:
 // blank and from an image, extend, an RBD snapshot, a volume from it and
 // a clone (RBD clones), backups in the backup pool (full, incremental,
-// restored to a new and onto an existing volume), upload to an image, an
+// restored to a new and onto an existing volume; of a snapshot, and the
+// volume's incremental after it), upload to an image, an
 // attachment's rbd connection, and deletes that leave no image behind.
 func TestRBDBackend(t *testing.T) {
 	cl := newRBDCluster(t)
@@ -261,6 +262,45 @@ func TestRBDBackend(t *testing.T) {
 		cl.check(t, blank, 0, mib, 0x63)
 		cl.check(t, blank, 4*mib, mib, 0)
 
+		// A snapshot's backup, incremental from the volume's latest backup
+		// older than the snapshot: the diff ends at the snapshot. The
+		// volume's next incremental starts at that snapshot.
+		s2, err := snapshots.Create(ctx, e.demo, snapshots.CreateOpts{VolumeID: src, Name: "s2"}).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitSnap(t, e.demo, s2.ID, "available")
+		cl.write(t, src, 0, mib, 0x65)
+		fromS2, err := backups.Create(ctx, e.demo, backups.CreateOpts{VolumeID: src, SnapshotID: s2.ID, Incremental: true}).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := waitBackup(t, e.demo, fromS2.ID, "available"); !got.IsIncremental || got.SnapshotID != s2.ID || got.ObjectCount > 1 {
+			t.Errorf("snapshot's incremental backup %+v: want incremental, of %s, nothing changed", got, s2.ID)
+		}
+		waitSnap(t, e.demo, s2.ID, "available")
+		rs2, err := backups.RestoreFromBackup(ctx, e.demo, fromS2.ID, backups.RestoreOpts{}).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitStatus(t, e.demo, rs2.VolumeID, "available")
+		cl.check(t, rs2.VolumeID, 0, mib, 0x63)
+		cl.check(t, rs2.VolumeID, 4*mib, mib, 0x64)
+		after, err := backups.Create(ctx, e.demo, backups.CreateOpts{VolumeID: src, Incremental: true}).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := waitBackup(t, e.demo, after.ID, "available"); !got.IsIncremental || got.ObjectCount > 1 {
+			t.Errorf("incremental backup after the snapshot's %+v: want incremental, one 4 MiB object", got)
+		}
+		rs3, err := backups.RestoreFromBackup(ctx, e.demo, after.ID, backups.RestoreOpts{}).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitStatus(t, e.demo, rs3.VolumeID, "available")
+		cl.check(t, rs3.VolumeID, 0, mib, 0x65)
+		cl.check(t, rs3.VolumeID, 4*mib, mib, 0x64)
+
 		// Upload to an image: the volume's bytes.
 		up := e.want(t, 202, "POST", "/v3/volumes/"+src+"/action", e.demoTok, `{"os-volume_upload_image":{"image_name":"up"}}`)
 		upID := up["os-volume_upload_image"].(map[string]any)["image_id"].(string)
@@ -287,23 +327,28 @@ func TestRBDBackend(t *testing.T) {
 		waitStatus(t, e.demo, blank, "available")
 
 		// Deletes leave nothing behind in either pool.
-		for _, id := range []string{incr.ID, full.ID} {
+		for _, id := range []string{after.ID, fromS2.ID, incr.ID, full.ID} {
 			if err := backups.Delete(ctx, e.demo, id).ExtractErr(); err != nil {
 				t.Fatal(err)
 			}
 			waitBackup(t, e.demo, id, "")
 		}
-		vols := []string{src, blank, fromSnap.ID, clone.ID, rs.VolumeID}
-		for _, id := range []string{fromSnap.ID, clone.ID, rs.VolumeID, blank} {
+		if ok, err := cl.vols.HasSnapshot(ctx, rbd.VolumeName(src), rbd.SnapshotName(s2.ID)); err != nil || !ok {
+			t.Errorf("deleting the snapshot's backup took the volume's RBD snapshot (%v)", err)
+		}
+		vols := []string{src, blank, fromSnap.ID, clone.ID, rs.VolumeID, rs2.VolumeID, rs3.VolumeID}
+		for _, id := range []string{fromSnap.ID, clone.ID, rs.VolumeID, rs2.VolumeID, rs3.VolumeID, blank} {
 			if err := volumes.Delete(ctx, e.demo, id, volumes.DeleteOpts{}).ExtractErr(); err != nil {
 				t.Fatal(err)
 			}
 			waitGone(t, e.demo, id)
 		}
-		if err := snapshots.Delete(ctx, e.demo, sn.ID).ExtractErr(); err != nil {
-			t.Fatal(err)
+		for _, id := range []string{sn.ID, s2.ID} {
+			if err := snapshots.Delete(ctx, e.demo, id).ExtractErr(); err != nil {
+				t.Fatal(err)
+			}
+			waitSnap(t, e.demo, id, "")
 		}
-		waitSnap(t, e.demo, sn.ID, "")
 		if err := volumes.Delete(ctx, e.demo, src, volumes.DeleteOpts{}).ExtractErr(); err != nil {
 			t.Fatal(err)
 		}

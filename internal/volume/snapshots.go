@@ -23,6 +23,8 @@ const (
 	SnapDeleting      = "deleting"
 	SnapError         = "error"
 	SnapErrorDeleting = "error_deleting"
+	// SnapBackingUp: a backup is being made of it (backups.go).
+	SnapBackingUp = "backing-up"
 )
 
 // snapResettable are the statuses os-reset_status may set on a snapshot
