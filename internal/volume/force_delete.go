@@ -39,6 +39,10 @@ func (s *Service) forceDelete(r *http.Request) (*api.Response, error) {
 			if err := s.snapshotsOnVolumeDelete(ctx, tx, v, false); err != nil {
 				return err
 			}
+			// An offer of the volume goes with it (transfers.go).
+			if _, err := dropTransfers(ctx, tx, v.ID, s.now()); err != nil {
+				return err
+			}
 			if _, err := s.setStatus(ctx, tx, v, StatusDeleting, ""); err != nil {
 				return err
 			}

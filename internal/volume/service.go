@@ -161,7 +161,8 @@ func (s *Service) checkSpend(ctx context.Context, project string) error {
 // _MAX_API_VERSION history). Every change up to MaxMinor that touches a
 // field or call served here is honoured: group_id (3.13), provider_id for
 // admins (3.21), name~ filters (3.34), with_count (3.45), shared_targets
-// and service_uuid (3.48), created_at/updated_at filters (3.60).
+// and service_uuid (3.48), transfers' no_snapshots (3.55), their history
+// fields (3.57) and paging (3.59), created_at/updated_at filters (3.60).
 const (
 	MinMinor = 0
 	MaxMinor = 60
@@ -222,6 +223,21 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "DELETE /v3/backups/{id}", Handler: s.deleteBackup},
 		{Pattern: "POST /v3/backups/{id}/restore", Handler: s.restoreBackup},
 		{Pattern: "POST /v3/backups/{id}/action", Handler: s.backupAction},
+
+		// Volume transfers (transfers.go): the same calls under both
+		// paths, volume-transfers being 3.55's name for them.
+		{Pattern: "GET /v3/os-volume-transfer", Handler: s.listTransfers(false)},
+		{Pattern: "GET /v3/os-volume-transfer/detail", Handler: s.listTransfers(true)},
+		{Pattern: "POST /v3/os-volume-transfer", Handler: s.createTransfer},
+		{Pattern: "GET /v3/os-volume-transfer/{id}", Handler: s.showTransfer},
+		{Pattern: "DELETE /v3/os-volume-transfer/{id}", Handler: s.deleteTransfer},
+		{Pattern: "POST /v3/os-volume-transfer/{id}/accept", Handler: s.acceptTransfer},
+		{Pattern: "GET /v3/volume-transfers", Handler: s.listTransfers(false)},
+		{Pattern: "GET /v3/volume-transfers/detail", Handler: s.listTransfers(true)},
+		{Pattern: "POST /v3/volume-transfers", Handler: s.createTransfer},
+		{Pattern: "GET /v3/volume-transfers/{id}", Handler: s.showTransfer},
+		{Pattern: "DELETE /v3/volume-transfers/{id}", Handler: s.deleteTransfer},
+		{Pattern: "POST /v3/volume-transfers/{id}/accept", Handler: s.acceptTransfer},
 
 		{Pattern: "GET /v3/types", Handler: s.listTypes},
 		{Pattern: "POST /v3/types", Handler: s.createType, AdminOnly: true, Policy: "volume_extension:types_manage"},
@@ -327,6 +343,7 @@ var servedExtensions = [][3]string{
 	{"os-types-extra-specs", "TypesExtraSpecs", "Type extra specs support."},
 	{"os-types-manage", "TypesManage", "Types manage support."},
 	{"os-volume-actions", "VolumeActions", "Enable volume actions."},
+	{"os-volume-transfer", "VolumeTransfer", "Volume transfer management support."},
 	{"os-vol-host-attr", "VolumeHostAttribute", "Expose host as an attribute of a volume."},
 	{"os-vol-image-meta", "VolumeImageMetadata", "Show image metadata associated with the volume."},
 	{"os-vol-mig-status-attr", "VolumeMigStatusAttribute", "Expose migration_status as an attribute of a volume."},

@@ -294,11 +294,14 @@ func (e *env) testList(t *testing.T) {
 		vs[0].(map[string]any)["os-vol-tenant-attr:tenant_id"] != e.demoProj || vs[0].(map[string]any)["shared_targets"] != false {
 		t.Errorf("all_tenants list: %v", m)
 	}
-	// The owner sees neither the project nor the host attribute: Cinder
-	// shows them to admins only.
+	// The owner sees the project (volume_tenant_attribute is admin or
+	// owner) but not the host attribute: Cinder shows that to admins only.
 	m = e.want(t, 200, "GET", "/v3/volumes/detail", e.demoTok, "", "OpenStack-API-Version", "volume 3.60")
 	for _, v := range m["volumes"].([]any) {
-		for _, k := range []string{"os-vol-tenant-attr:tenant_id", "os-vol-host-attr:host", "migration_status"} {
+		if v.(map[string]any)["os-vol-tenant-attr:tenant_id"] != e.demoProj {
+			t.Errorf("owner's view without its project: %v", v)
+		}
+		for _, k := range []string{"os-vol-host-attr:host", "migration_status"} {
 			if _, ok := v.(map[string]any)[k]; ok {
 				t.Errorf("customer sees %s: %v", k, v)
 			}

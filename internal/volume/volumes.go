@@ -70,10 +70,12 @@ func view(r *http.Request, v *volRow) map[string]any {
 	if len(v.ImageMetadata) > 0 {
 		out["volume_image_metadata"] = v.ImageMetadata
 	}
-	// Cinder's policy (volume_extension:volume_tenant_attribute and the
-	// host and migration attributes) shows these to admins only.
+	// Cinder's policy shows the project to its readers
+	// (volume_extension:volume_tenant_attribute, admin or owner: Tempest's
+	// transfer test reads it as the new owner), the host and migration
+	// attributes to admins only.
+	out["os-vol-tenant-attr:tenant_id"] = v.ProjectID
 	if admin {
-		out["os-vol-tenant-attr:tenant_id"] = v.ProjectID
 		out["migration_status"] = nil
 		out["os-vol-host-attr:host"] = volumeHost
 		out["os-vol-mig-status-attr:migstat"] = nil
@@ -440,6 +442,10 @@ func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
 				"and must not be migrating, attached, belong to a group, have snapshots, awaiting a transfer, or be disassociated from snapshots after volume transfer.")
 		}
 		if err := s.snapshotsOnVolumeDelete(ctx, tx, v, cascade); err != nil {
+			return err
+		}
+		// An offer of the volume (a force delete) goes with it (transfers.go).
+		if _, err := dropTransfers(ctx, tx, v.ID, s.now()); err != nil {
 			return err
 		}
 		if _, err := s.setStatus(ctx, tx, v, StatusDeleting, ""); err != nil {
