@@ -78,7 +78,9 @@ func clientArgs(t testing.TB, conn driver.VolumeConn, identity, key string) []st
 		"server": map[string]any{"type": "inet", "host": conn.Host, "port": strconv.Itoa(conn.Port)},
 	})
 	return []string{
-		"--object", "tls-creds-psk,id=tls0,endpoint=client,username=" + identity + ",dir=" + dir,
+		// As a VM's QEMU has it (internal/driver/qemu, volumeSpec).
+		"--object", "tls-creds-psk,id=tls0,endpoint=client,username=" + identity + ",dir=" + dir +
+			",priority=" + driver.NBDTLSPriority,
 		"json:" + string(opts),
 	}
 }
@@ -103,6 +105,31 @@ func qemuIOFlags(t testing.TB, conn driver.VolumeConn, identity, key string, fla
 	// qemu-io 7.2 exits 0 after some failed commands: look at the text too.
 	ok := err == nil && !strings.Contains(s, "failed") && !strings.Contains(s, "can't open")
 	return s, ok
+}
+
+// TestExportTLSPriority: a client with QEMU's default priority (a VM
+// started before driver.NBDTLSPriority, or a QEMU built with another
+// default) still gets through, and so does one that offers ChaCha20 only.
+func TestExportTLSPriority(t *testing.T) {
+	needQEMU(t)
+	dir := t.TempDir()
+	e := newExporter(t, filepath.Join(dir, "state"))
+	path := volumeFile(t, dir, "vol-p", 1<<20)
+	conn, err := e.Export(context.Background(), "vol-p", path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, prio := range []string{"", "NORMAL:-CIPHER-ALL:+CHACHA20-POLY1305"} {
+		args := clientArgs(t, conn, conn.PSKIdentity, conn.PSKKey)
+		args[1], _, _ = strings.Cut(args[1], ",priority=")
+		if prio != "" {
+			args[1] += ",priority=" + prio
+		}
+		out, err := exec.Command("qemu-io", append(args, "-c", "read 0 4k")...).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "read 4096/4096") {
+			t.Errorf("client priority %q: %v\n%s", prio, err, out)
+		}
+	}
 }
 
 func TestExportRoundTrip(t *testing.T) {

@@ -100,6 +100,7 @@ func volumeSpec(dir string, vol driver.Volume, bus string) volumeParts {
 		p.objects = append(p.objects, map[string]any{
 			"qom-type": "tls-creds-psk", "id": n.tls, "endpoint": "client",
 			"dir": filepath.Join(dir, n.pskDir), "username": c.PSKIdentity,
+			"priority": driver.NBDTLSPriority,
 		})
 		proto = map[string]any{
 			"driver": "nbd", "node-name": n.proto, "read-only": ro,

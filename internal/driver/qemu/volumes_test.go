@@ -45,7 +45,7 @@ func TestVolumeSpec(t *testing.T) {
 		name: "nbd",
 		vol: driver.Volume{ID: testVolID, Conn: driver.VolumeConn{Driver: driver.VolumeNBD, Host: "10.0.0.2", Port: 10809,
 			Export: "volume-1", PSKIdentity: "nimbus", PSKKey: "00ff"}},
-		objects: []string{`{"dir":"/srv/instances/x,y/` + base + `.psk","endpoint":"client","id":"` + base + `-tls","qom-type":"tls-creds-psk","username":"nimbus"}`},
+		objects: []string{`{"dir":"/srv/instances/x,y/` + base + `.psk","endpoint":"client","id":"` + base + `-tls","priority":"` + driver.NBDTLSPriority + `","qom-type":"tls-creds-psk","username":"nimbus"}`},
 		node:    `{"driver":"raw","file":{"driver":"nbd","export":"volume-1","node-name":"` + base + `-proto","read-only":false,"server":{"host":"10.0.0.2","port":"10809","type":"inet"},"tls-creds":"` + base + `-tls"},"node-name":"` + base + `-fmt","read-only":false}`,
 		device:  `{"bus":"hp1","drive":"` + base + `-fmt","driver":"virtio-blk-pci","id":"` + base + `-dev","serial":"` + testVolID + `"}`,
 	}, {
