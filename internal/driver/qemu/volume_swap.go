@@ -84,8 +84,9 @@ func (d *Driver) swapVolumeDisk(ctx context.Context, mon *qmp.Monitor, dir strin
 	if _, err := stashVolumeKeys(dir, []driver.Volume{vol}); err != nil {
 		return err
 	}
+	switched := false
 	defer func() {
-		if err != nil {
+		if err != nil && !switched {
 			cleanVolume(context.WithoutCancel(ctx), mon, vol)
 			removeVolumeKeys(dir, vol)
 		}
@@ -115,8 +116,10 @@ func (d *Driver) swapVolumeDisk(ctx context.Context, mon *qmp.Monitor, dir strin
 	if err := mon.Mirror(ctx, from.top, to.top); err != nil {
 		return err
 	}
+	switched = true
 	if err := cleanVolume(context.WithoutCancel(ctx), mon, old); err != nil {
-		// The guest is on vol: the old tree is only left over.
+		// The guest is on vol: the old tree is only left over, and a
+		// retry (the device found on vol's nodes) deletes it.
 		return errors.Join(errLeftover, err)
 	}
 	return nil
