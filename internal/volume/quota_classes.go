@@ -4,7 +4,6 @@ import (
 	"net/http"
 
 	"nimbus/internal/api"
-	"nimbus/internal/quota"
 	"nimbus/internal/store"
 )
 
@@ -59,14 +58,7 @@ func (s *Service) updateQuotaClass(r *http.Request) (*api.Response, error) {
 		if err != nil {
 			return err
 		}
-		for k, v := range set {
-			if err := quota.Set(ctx, tx, "volume_quotas", defaultClass, k, &v); err != nil {
-				return err
-			}
-			lim[k] = v
-		}
-		out, err = quotaSetView(ctx, tx, defaultClass, lim, false)
-		delete(out, "id")
+		out, err = saveQuotas(ctx, tx, defaultClass, lim, set)
 		return err
 	})
 	if err != nil {

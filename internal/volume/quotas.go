@@ -252,20 +252,28 @@ func (s *Service) updateQuota(r *http.Request) (*api.Response, error) {
 				return invalidInput("Quota %s limit must be equal or greater than existing resources. Current usage is %d and the requested limit is %d.", k, used, v)
 			}
 		}
-		for k, v := range set {
-			if err := quota.Set(ctx, tx, "volume_quotas", p, k, &v); err != nil {
-				return err
-			}
-			lim[k] = v
-		}
-		out, err = quotaSetView(ctx, tx, p, lim, false)
-		delete(out, "id")
+		out, err = saveQuotas(ctx, tx, p, lim, set)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return api.JSON(200, map[string]any{"quota_set": out}), nil
+}
+
+// saveQuotas stores set over lim as project's limits (or the default
+// class's) and answers the quota set's view without its id, as updates
+// answer it.
+func saveQuotas(ctx context.Context, tx *store.Tx, project string, lim, set map[string]int64) (map[string]any, error) {
+	for k, v := range set {
+		if err := quota.Set(ctx, tx, "volume_quotas", project, k, &v); err != nil {
+			return nil, err
+		}
+		lim[k] = v
+	}
+	out, err := quotaSetView(ctx, tx, project, lim, false)
+	delete(out, "id")
+	return out, err
 }
 
 // quotaValues are the limits of a quota set's body: each key one of lim's,
