@@ -47,6 +47,7 @@ func startQEMUCloud(t *testing.T) *qemuCloud {
 	t.Helper()
 	guest := testenv.TestGuest(t)
 	c := testenv.StartCloud(t, "", func(cfg *cloud.Config) {
+		cfg.DataDir = vmDir(t)
 		cfg.Driver = "qemu"
 		cfg.QEMU = cloud.QEMUOptions{Accel: "auto", ReservedCPUs: []int{}, ReservedMemoryMB: -1, AccessHost: "127.0.0.1"}
 		cfg.AgentHeartbeat = 2 * time.Second
@@ -59,6 +60,15 @@ func startQEMUCloud(t *testing.T) *qemuCloud {
 		t.Fatal(err)
 	}
 	return q
+}
+
+// vmDir is a data directory for a cloud of real VMs. The VMs outlive the
+// cloud's close on purpose (they survive a controller's restart), so what
+// runs from the directory is killed once the cloud is closed.
+func vmDir(t *testing.T) string {
+	dir := t.TempDir()
+	t.Cleanup(func() { killUnder(dir) })
+	return dir
 }
 
 // uploadGuest uploads the test guest as three images — its kernel, its

@@ -28,6 +28,7 @@ func TestQEMUVolumeRBD(t *testing.T) {
 	guest := testenv.TestGuest(t)
 	ceph := testenv.StartCeph(t)
 	c := testenv.StartCloud(t, "", func(cfg *cloud.Config) {
+		cfg.DataDir = vmDir(t)
 		cfg.Driver = "qemu"
 		cfg.QEMU = cloud.QEMUOptions{Accel: "auto", ReservedCPUs: []int{}, ReservedMemoryMB: -1, AccessHost: "127.0.0.1"}
 		cfg.AgentHeartbeat = 2 * time.Second
