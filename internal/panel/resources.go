@@ -1,6 +1,7 @@
 package panel
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -15,7 +16,8 @@ import (
 )
 
 // resourceRoutes are the pages of what a customer has besides servers:
-// volumes, backups, networks, SSH keys and floating IPs. Each lists, makes
+// volumes, backups (of servers and of volumes), networks, SSH keys and
+// floating IPs. Each lists, makes
 // and deletes through the API with the user's token.
 func (p *Panel) resourceRoutes() []route {
 	return []route{
@@ -26,6 +28,9 @@ func (p *Panel) resourceRoutes() []route {
 		{"POST /backups", member, p.createBackup},
 		{"POST /backups/{id}/restore", member, p.restoreBackup},
 		{"POST /backups/{id}/delete", member, p.deleteBackup},
+		{"POST /volume-backups", member, p.createVolumeBackup},
+		{"POST /volume-backups/{id}/restore", member, p.restoreVolumeBackup},
+		{"POST /volume-backups/{id}/delete", member, p.deleteVolumeBackup},
 		{"GET /networks", member, p.networks},
 		{"POST /networks", member, p.createNetwork},
 		{"POST /networks/{id}/delete", member, p.deleteNetwork},
@@ -174,11 +179,27 @@ type imageRow struct {
 	Server       string `json:"-"`
 }
 
-type backupsPage struct {
-	Backups []imageRow
-	Servers []serverRef
+// volBackupRow is a Cinder backup of a volume.
+type volBackupRow struct {
+	ID          string `json:"id"`
+	Name        string `json:"name"`
+	VolumeID    string `json:"volume_id"`
+	Size        int    `json:"size"`
+	Status      string `json:"status"`
+	CreatedAt   string `json:"created_at"`
+	Incremental bool   `json:"is_incremental"`
+	Volume      string `json:"-"`
 }
 
+type backupsPage struct {
+	Backups       []imageRow
+	Servers       []serverRef
+	VolumeBackups []volBackupRow
+	Volumes       []volumeRow // the ones a backup can be made of
+}
+
+// backups lists both kinds: Nova's backup images of servers and Cinder's
+// backups of volumes.
 func (p *Panel) backups(q *req) error {
 	ctx := q.r.Context()
 	var imgs struct {
@@ -196,7 +217,81 @@ func (p *Panel) backups(q *req) error {
 		imgs.Images[i].Server = names[imgs.Images[i].InstanceUUID]
 	}
 	sort.Slice(servers, func(i, j int) bool { return servers[i].Name < servers[j].Name })
-	return q.render("backups", q.T("Backups"), backupsPage{Backups: imgs.Images, Servers: servers})
+	page := backupsPage{Backups: imgs.Images, Servers: servers}
+	var bks struct {
+		Backups []volBackupRow `json:"backups"`
+	}
+	if err := q.api.Get(ctx, Volume, "/backups/detail?sort=created_at:desc", &bks); err != nil {
+		return err
+	}
+	var vols struct {
+		Volumes []volumeRow `json:"volumes"`
+	}
+	if err := q.api.Get(ctx, Volume, "/volumes/detail", &vols); err != nil {
+		return err
+	}
+	volNames := map[string]string{}
+	for _, v := range vols.Volumes {
+		volNames[v.ID] = cmp.Or(v.Name, v.ID)
+		if v.Status == "available" || v.Status == "in-use" {
+			page.Volumes = append(page.Volumes, v)
+		}
+	}
+	for _, b := range bks.Backups {
+		b.Volume = cmp.Or(volNames[b.VolumeID], b.VolumeID)
+		page.VolumeBackups = append(page.VolumeBackups, b)
+	}
+	return q.render("backups", q.T("Backups"), page)
+}
+
+// createVolumeBackup is Cinder's backup create: full or incremental, of
+// an attached volume too (force: the copy is taken live).
+func (p *Panel) createVolumeBackup(q *req) error {
+	f := q.r.PostForm
+	vol := f.Get("volume")
+	if vol == "" || strings.ContainsAny(vol, "/?#%") {
+		return q.back("/backups", BadRequest(q.T("Choose a volume.")))
+	}
+	name := strings.TrimSpace(f.Get("name"))
+	if name == "" {
+		name = "backup"
+	}
+	body := map[string]any{"backup": map[string]any{"volume_id": vol, "name": name,
+		"incremental": f.Get("incremental") == "yes", "force": true}}
+	if err := q.api.Post(q.r.Context(), Volume, "/backups", body, nil); err != nil {
+		return q.back("/backups", err)
+	}
+	return q.redirect("/backups", q.T("The backup is being made."))
+}
+
+// restoreVolumeBackup restores a volume backup to a new volume.
+func (p *Panel) restoreVolumeBackup(q *req) error {
+	id, err := pathID(q, "id")
+	if err != nil {
+		return err
+	}
+	if err := confirmed(q); err != nil {
+		return q.back("/backups", err)
+	}
+	body := map[string]any{"restore": map[string]any{"name": "restored"}}
+	if err := q.api.Post(q.r.Context(), Volume, "/backups/"+id+"/restore", body, nil); err != nil {
+		return q.back("/backups", err)
+	}
+	return q.redirect("/volumes", q.T("The backup is being restored to a new volume."))
+}
+
+func (p *Panel) deleteVolumeBackup(q *req) error {
+	id, err := pathID(q, "id")
+	if err != nil {
+		return err
+	}
+	if err := confirmed(q); err != nil {
+		return q.back("/backups", err)
+	}
+	if err := q.api.Delete(q.r.Context(), Volume, "/backups/"+id); err != nil {
+		return q.back("/backups", err)
+	}
+	return q.redirect("/backups", q.T("The backup was deleted."))
 }
 
 // createBackup is Nova's createBackup: a backup image of a server, keeping

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -74,8 +75,26 @@ func TestResourcePages(t *testing.T) {
 	}
 	b.shot("floating-ips")
 
+	// The backups page lists volume backups beside server backups: one
+	// of the volume made above, once it is available.
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		b.open("/volumes")
+		if strings.Contains(b.text("main table tbody"), "available") {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("volume not available: %q", b.text("main table tbody"))
+		}
+	}
 	b.open("/backups")
 	b.axe()
+	b.do("fill volume backup", chromedp.Clear(chromedp.CSS("#vb-name")), chromedp.SendKeys(chromedp.CSS("#vb-name"), "vol-bk-1"))
+	b.navigate("back up the volume", chromedp.Submit(chromedp.CSS("#vb-name")))
+	if got := b.text("#volume-backups tbody"); !strings.Contains(got, "vol-bk-1") || !strings.Contains(got, "data-1") {
+		t.Fatalf("volume backups after create: %q", got)
+	}
+	b.axe()
+	b.shot("backups")
 }
 
 // TestResourceDeleteNeedsConfirmation: a delete form without its box
