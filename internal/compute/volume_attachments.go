@@ -483,7 +483,8 @@ func (s *Service) beginSwap(ctx context.Context, c *api.Caller, serverID, oldID,
 		}
 		// An old volume that does not exist is the URI's: 404 (Nova's
 		// _update_volume_swap), before any other check.
-		if _, err := s.volumes.VolumeForServer(ctx, tx, c, oldID); err != nil {
+		oldVol, err := s.volumes.VolumeForServer(ctx, tx, c, oldID)
+		if err != nil {
 			return err
 		}
 		if err := checkState(sv, "swap_volume", c); err != nil {
@@ -503,8 +504,10 @@ func (s *Service) beginSwap(ctx context.Context, c *api.Caller, serverID, oldID,
 		if bd := sv.bootDevice(); bd != nil && bd.VolumeID == oldID {
 			return api.BadRequest("Invalid volume: Swapping a server's root volume is not supported.")
 		}
-		if err := checkSwapSizes(ctx, tx, s.volumes, c, oldID, newID); err != nil {
-			return err
+		// Nova's swap_volume: "New volume must be the same size or
+		// larger." A new volume that cannot be found is left to Reserve.
+		if neu, err := s.volumes.VolumeForServer(ctx, tx, c, newID); err == nil && neu.SizeGB < oldVol.SizeGB {
+			return api.BadRequest("Invalid volume: New volume must be the same size or larger.")
 		}
 		if err := s.volumes.BeginDetach(ctx, tx, old.ID); err != nil {
 			return err
@@ -527,24 +530,6 @@ func (s *Service) beginSwap(ctx context.Context, c *api.Caller, serverID, oldID,
 		return s.addVolumeOp(ctx, tx, sv, volumeOp{Kind: opSwap, AttachmentID: old.ID, VolumeID: old.VolumeID,
 			NewAttachmentID: neu.ID, NewVolumeID: neu.VolumeID})
 	})
-}
-
-// checkSwapSizes refuses a swap onto a smaller volume (Nova's
-// swap_volume: "New volume must be the same size or larger."). A new
-// volume that cannot be found is left to Reserve's answer.
-func checkSwapSizes(ctx context.Context, q store.Querier, vols Volumes, c *api.Caller, oldID, newID string) error {
-	neu, err := vols.VolumeForServer(ctx, q, c, newID)
-	if err != nil {
-		return nil
-	}
-	old, err := vols.VolumeForServer(ctx, q, c, oldID)
-	if err != nil {
-		return err
-	}
-	if neu.SizeGB < old.SizeGB {
-		return api.BadRequest("Invalid volume: New volume must be the same size or larger.")
-	}
-	return nil
 }
 
 // volumesAttached is os-extended-volumes:volumes_attached of every server

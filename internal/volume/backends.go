@@ -94,18 +94,46 @@ func specMatches(have, want string) bool {
 	return have == want
 }
 
-// volumeTotals are the volumes' count and GiB, and the snapshots', of one
-// project ("" : all).
-func (s *Service) volumeTotals(ctx context.Context, project string) (vols, volGB, snaps, snapGB int64, err error) {
-	where, args := "1 = 1", []any{}
-	if project != "" {
-		where, args = "project_id = ?", []any{project}
+// holdings are what some volumes and snapshots take: counts and GiB.
+type holdings struct{ vols, volGB, snaps, snapGB int64 }
+
+func (h *holdings) add(o holdings) {
+	h.vols, h.volGB, h.snaps, h.snapGB = h.vols+o.vols, h.volGB+o.volGB, h.snaps+o.snaps, h.snapGB+o.snapGB
+}
+
+// holdingsByProject are each project's holdings, read in one grouped
+// query per table, and the projects that have volumes, sorted.
+func (s *Service) holdingsByProject(ctx context.Context) (map[string]holdings, []string, error) {
+	out := map[string]holdings{}
+	var projects []string
+	for _, table := range []string{"volumes", "volume_snapshots"} {
+		rows, err := s.db.Query(ctx, "SELECT project_id, COUNT(*), COALESCE(SUM(size), 0) FROM "+table+
+			" GROUP BY project_id ORDER BY project_id")
+		if err != nil {
+			return nil, nil, err
+		}
+		for rows.Next() {
+			var p string
+			var n, gb int64
+			if err := rows.Scan(&p, &n, &gb); err != nil {
+				rows.Close()
+				return nil, nil, err
+			}
+			h := out[p]
+			if table == "volumes" {
+				h.vols, h.volGB = n, gb
+				projects = append(projects, p)
+			} else {
+				h.snaps, h.snapGB = n, gb
+			}
+			out[p] = h
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, nil, err
+		}
 	}
-	err = s.db.QueryRow(ctx, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volumes WHERE "+where, args...).Scan(&vols, &volGB)
-	if err == nil {
-		err = s.db.QueryRow(ctx, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volume_snapshots WHERE "+where, args...).Scan(&snaps, &snapGB)
-	}
-	return
+	return out, projects, nil
 }
 
 // listHosts is GET /os-hosts: the hosts of the volume service's parts.
@@ -126,44 +154,22 @@ func (s *Service) showHost(r *http.Request) (*api.Response, error) {
 	if host != backendHost {
 		return nil, api.NotFound("Host not found")
 	}
-	ctx := r.Context()
-	resource := func(project string) (map[string]any, error) {
-		vols, volGB, snaps, snapGB, err := s.volumeTotals(ctx, project)
-		if project == "" {
-			project = "(total)"
-		}
+	by, projects, err := s.holdingsByProject(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	resource := func(project string, h holdings) map[string]any {
 		return map[string]any{"resource": map[string]string{"host": host, "project": project,
-			"volume_count": strconv.FormatInt(vols, 10), "total_volume_gb": strconv.FormatInt(volGB, 10),
-			"snapshot_count": strconv.FormatInt(snaps, 10), "total_snapshot_gb": strconv.FormatInt(snapGB, 10)}}, err
+			"volume_count": strconv.FormatInt(h.vols, 10), "total_volume_gb": strconv.FormatInt(h.volGB, 10),
+			"snapshot_count": strconv.FormatInt(h.snaps, 10), "total_snapshot_gb": strconv.FormatInt(h.snapGB, 10)}}
 	}
-	total, err := resource("")
-	if err != nil {
-		return nil, err
+	var total holdings
+	for _, h := range by {
+		total.add(h)
 	}
-	out := []any{total}
-	rows, err := s.db.Query(ctx, "SELECT DISTINCT project_id FROM volumes ORDER BY project_id")
-	if err != nil {
-		return nil, err
-	}
-	var projects []string
-	for rows.Next() {
-		var p string
-		if err := rows.Scan(&p); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		projects = append(projects, p)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
+	out := []any{resource("(total)", total)}
 	for _, p := range projects {
-		res, err := resource(p)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, res)
+		out = append(out, resource(p, by[p]))
 	}
 	return api.JSON(http.StatusOK, map[string]any{"host": out}), nil
 }
@@ -173,8 +179,8 @@ func (s *Service) showHost(r *http.Request) (*api.Response, error) {
 func (s *Service) getPools(r *http.Request) (*api.Response, error) {
 	pool := map[string]any{"name": volumeHost}
 	if d, ok := api.ParseBool(r.URL.Query().Get("detail")); ok && d {
-		_, volGB, _, _, err := s.volumeTotals(r.Context(), "")
-		if err != nil {
+		var volGB int64
+		if err := s.db.QueryRow(r.Context(), "SELECT COALESCE(SUM(size), 0) FROM volumes").Scan(&volGB); err != nil {
 			return nil, err
 		}
 		protocol, total, free := s.backendFacts()

@@ -737,14 +737,9 @@ func (s *Service) listBackups(detail bool) api.HandlerFunc {
 			out["count"] = n
 		}
 		if m := q.Get("marker"); m != "" {
-			where := strings.Join(append(append([]string{}, p.Where...), "b.id = ?"), " AND ")
-			vals, err := p.Keys.MarkerValues(ctx, s.db, "volume_backups b", where, append(append([]any{}, p.Args...), m)...)
-			if errors.Is(err, store.ErrNotFound) {
-				return nil, api.NotFound("Marker %s could not be found.", m)
-			} else if err != nil {
+			if err := pastMarker(ctx, s.db, p, "volume_backups b", "b.id", m); err != nil {
 				return nil, err
 			}
-			p.AfterMarker(vals)
 		}
 		p.Limit = offset + limit
 		rows, err := s.db.Query(ctx, "SELECT "+bkColumns+" FROM volume_backups b "+p.SQL(), p.Args...)

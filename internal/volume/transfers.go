@@ -270,14 +270,9 @@ func (s *Service) listTransfers(detail bool) api.HandlerFunc {
 				return nil, err
 			}
 			if m := q.Get("marker"); m != "" {
-				where := strings.Join(append(append([]string{}, page.Where...), "id = ?"), " AND ")
-				vals, err := page.Keys.MarkerValues(ctx, s.db, "volume_transfers", where, append(append([]any{}, page.Args...), m)...)
-				if errors.Is(err, store.ErrNotFound) {
-					return nil, api.NotFound("Marker %s could not be found.", m)
-				} else if err != nil {
+				if err := pastMarker(ctx, s.db, &page, "volume_transfers", "id", m); err != nil {
 					return nil, err
 				}
-				page.AfterMarker(vals)
 			}
 		}
 		page.Limit = offset + limit

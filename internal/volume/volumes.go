@@ -474,6 +474,20 @@ var sortColumns = map[string]string{
 	"user_id": "v.user_id", "project_id": "v.project_id",
 }
 
+// pastMarker moves p past marker's row of table (named by idCol) in its
+// sort order; Cinder's 404 when the marker is not among p's rows.
+func pastMarker(ctx context.Context, q store.Querier, p *api.Page, table, idCol, marker string) error {
+	where := strings.Join(append(append([]string{}, p.Where...), idCol+" = ?"), " AND ")
+	vals, err := p.Keys.MarkerValues(ctx, q, table, where, append(append([]any{}, p.Args...), marker)...)
+	if errors.Is(err, store.ErrNotFound) {
+		return api.NotFound("Marker %s could not be found.", marker)
+	} else if err != nil {
+		return err
+	}
+	p.AfterMarker(vals)
+	return nil
+}
+
 // sortParams reads sort=key[:dir],... or the deprecated sort_key and
 // sort_dir against cols (cinder/api/common.py get_sort_params; default
 // created_at desc), then idCol for a total order.
