@@ -220,7 +220,13 @@ type quoteRequest struct {
 	GPUCount   int64  `json:"gpu_count"`
 	PublicIPv4 bool   `json:"public_ipv4"`
 	OSType     string `json:"os_type"`
-	Quantity   int64  `json:"quantity"`
+	// Storage and addresses beside (or without) a server: volumes,
+	// snapshots, backups and images per GB, a floating IP by public_ipv4.
+	VolumeGB   int64 `json:"volume_gb"`
+	SnapshotGB int64 `json:"snapshot_gb"`
+	BackupGB   int64 `json:"backup_gb"`
+	ImageGB    int64 `json:"image_gb"`
+	Quantity   int64 `json:"quantity"`
 	// Tariff: "hourly" (default), for DurationHours (default one month),
 	// or "prepaid" for TermMonths.
 	Tariff        string `json:"tariff"`
@@ -233,7 +239,8 @@ type quoteRequest struct {
 var quoteParts = []string{"vcpus", "ram_gb", "disk_type", "disk_gb", "gpu_model", "gpu_count", "public_ipv4"}
 
 // quoteFields are all the fields of a quote.
-var quoteFields = append([]string{"flavor"}, append(quoteParts, "os_type", "quantity", "tariff", "term_months", "duration_hours")...)
+var quoteFields = append([]string{"flavor"}, append(quoteParts, "os_type", "volume_gb", "snapshot_gb", "backup_gb", "image_gb",
+	"quantity", "tariff", "term_months", "duration_hours")...)
 
 // FlavorSource finds a compute flavor for quotes: compute implements it.
 type FlavorSource interface {
@@ -272,7 +279,7 @@ func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
 	}
 	q, err := prices.Quote(c, s.cfg.Currency, s.cfg.HoursPerMonth)
 	if err == nil && len(q.Items) == 0 {
-		err = fmt.Errorf("%w: the quote prices nothing: give a flavor, or vcpus, ram_gb, disk_gb, gpu_model or public_ipv4", ErrInvalid)
+		err = fmt.Errorf("%w: the quote prices nothing: give a flavor, or vcpus, ram_gb, disk_gb, gpu_model, public_ipv4, volume_gb, snapshot_gb, backup_gb or image_gb", ErrInvalid)
 	}
 	if err == nil {
 		q, err = prices.WithTariff(q, qr.Tariff, qr.TermMonths, qr.DurationHours)
@@ -287,10 +294,50 @@ func (s *Service) createQuote(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	cov, err := s.coverage(r, q)
+	if err != nil {
+		return nil, err
+	}
 	return api.JSON(http.StatusOK, map[string]any{"quote": struct {
 		Quote
 		Presentation *Presentation `json:"presentation,omitempty"`
-	}{q, pr}}), nil
+		Coverage     *Coverage     `json:"coverage,omitempty"`
+	}{q, pr, cov}}), nil
+}
+
+// Coverage says whether the caller's project may order a quote now, by
+// the gate's rule: its funds must cover the first hour, and a prepaid
+// term's whole price besides. The panel's configurator shows it as is.
+type Coverage struct {
+	Funds
+	Needed  int64  `json:"needed"`
+	Covered bool   `json:"covered"`
+	Message string `json:"message,omitempty"` // the refusal the order would get
+}
+
+func (s *Service) coverage(r *http.Request, q Quote) (*Coverage, error) {
+	p, err := project(r)
+	if err != nil {
+		return nil, nil // a quote needs no project; its coverage does
+	}
+	need := q.Hourly
+	if q.Tariff == TariffPrepaid {
+		if need, err = addMoney(q.Hourly, q.Total); err != nil {
+			return nil, api.BadRequest("The price is out of range.")
+		}
+	}
+	f, err := s.Funds(r.Context(), p)
+	if err != nil {
+		return nil, err
+	}
+	c := &Coverage{Funds: f, Needed: need, Covered: f.Available >= need}
+	if !c.Covered {
+		var ae *api.Error
+		if errors.As(s.refusal(p, f, need), &ae) {
+			c.Message = ae.Message
+		}
+	}
+	return c, nil
 }
 
 // checkQuoteFields refuses an unknown field naming the allowed ones, and a
@@ -325,7 +372,8 @@ func (s *Service) quoteChoice(r *http.Request, fields map[string]json.RawMessage
 			return Choice{}, api.BadRequest("ram_gb must be between 0 and %d", maxRAMMB/1024)
 		}
 		c := Choice{VCPUs: qr.VCPUs, RAMMB: qr.RAMGB * 1024, DiskType: qr.DiskType, DiskGB: qr.DiskGB,
-			GPUModel: qr.GPUModel, GPUCount: qr.GPUCount, PublicIPv4: qr.PublicIPv4, OSType: qr.OSType, Quantity: qr.Quantity}
+			GPUModel: qr.GPUModel, GPUCount: qr.GPUCount, PublicIPv4: qr.PublicIPv4, OSType: qr.OSType, Quantity: qr.Quantity,
+			VolumeGB: qr.VolumeGB, SnapshotGB: qr.SnapshotGB, BackupGB: qr.BackupGB, ImageGB: qr.ImageGB}
 		if c.GPUModel != "" && c.GPUCount == 0 {
 			c.GPUCount = 1
 		}
@@ -350,6 +398,7 @@ func (s *Service) quoteChoice(r *http.Request, fields map[string]json.RawMessage
 	}
 	c := ChoiceOf(metering.KindServer, sp)
 	c.OSType, c.Quantity = qr.OSType, qr.Quantity
+	c.VolumeGB, c.SnapshotGB, c.BackupGB, c.ImageGB = qr.VolumeGB, qr.SnapshotGB, qr.BackupGB, qr.ImageGB
 	return c, nil
 }
 

@@ -113,7 +113,7 @@ func TestRunningDry(t *testing.T) {
 		}
 		resp, raw = create()
 		testenv.MustStatus(t, resp, raw, http.StatusForbidden)
-		if !strings.Contains(raw, "top up") || !strings.Contains(raw, `"forbidden"`) {
+		if !strings.Contains(raw, "top up first") || !strings.Contains(raw, `"forbidden"`) {
 			t.Fatalf("create refused with %s", raw)
 		}
 		unshelve := func() (*http.Response, string) {

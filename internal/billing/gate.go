@@ -2,32 +2,66 @@ package billing
 
 import (
 	"context"
+	"fmt"
 
 	"nimbus/internal/api"
 	"nimbus/internal/metering"
 )
 
-// CanSpend refuses (403, with the reason) a project whose balance is below
-// minus its credit limit: until a top-up brings it back it may start or
-// raise no charge — create or unshelve servers, resize them to a higher
-// price, snapshot or back them up, create or extend volumes, allocate or
-// attach public addresses. Each service asks it through an interface of
-// its own (compute.SpendGate, volume.SpendGate, network.SpendGate).
+// The spending gate: prepaid means the money comes first. A request that
+// starts a charge (server create and unshelve, volume, snapshot and backup
+// create, a floating IP) is accepted only when the project's funds cover
+// the first hour of what it starts; one that raises a charge (a resize to
+// a dearer flavor, a volume extend) only when they cover the first hour of
+// the raise. The funds are the balance plus the credit limit, less what
+// the hour now running already owes and the ledger does not show yet (the
+// charging pass records an hour after it starts; without this, one order
+// after another would each see the whole balance). A prepaid term is paid
+// whole and up front (canPayUpFront). Compute, volume and network ask
+// through SpendGate interfaces of their own; the panel asks through the
+// quote API (Coverage), so every front end applies this one rule.
+
+// CanSpend refuses (403, with the reason) a project whose funds are
+// already spent: it may start nothing, not even what costs nothing now
+// (attaching a floating IP it pays for anyway, a server snapshot whose
+// size is not known until it is taken, an image upload).
 func (s *Service) CanSpend(ctx context.Context, project string) error {
-	f, err := s.funds(ctx, s.db, project)
-	if err != nil {
-		return err
-	}
-	if f.Balance < -f.CreditLimit {
-		return api.Forbidden("The billing account of project %s is below its credit limit (balance %s %s, credit limit %s %s): top up to create, grow or unshelve resources.",
-			project, major(f.Balance), s.cfg.Currency, major(f.CreditLimit), s.cfg.Currency)
-	}
-	return nil
+	_, err := s.cover(ctx, project, 0)
+	return err
 }
 
-// CanChange is CanSpend for a resource of kind that changes from one spec
-// to another (a resize): a change that does not raise its hourly price
-// is always allowed. A spec the price list cannot price counts as a raise.
+// CanStart refuses (403, with the reason) a request that starts charging
+// count resources of kind and spec whose first hour project's funds do not
+// cover.
+func (s *Service) CanStart(ctx context.Context, project, kind string, spec metering.Spec, count int64) error {
+	_, err := s.Cover(ctx, project, kind, spec, count, count)
+	return err
+}
+
+// Cover answers how many resources of kind and spec, up to want, project's
+// funds cover the first hour of, or a 403 saying why when that is fewer
+// than least: a multiple create starts as many as are paid for, as it
+// starts as many as fit the quota.
+func (s *Service) Cover(ctx context.Context, project, kind string, spec metering.Spec, least, want int64) (int64, error) {
+	each, err := s.hourlyOf(ctx, kind, spec)
+	if err != nil {
+		return 0, err
+	}
+	need, err := mulMoney(each, least)
+	if err != nil {
+		return 0, api.BadRequest("The price of %d resources is out of range.", least)
+	}
+	left, err := s.cover(ctx, project, need)
+	if err != nil || each == 0 {
+		return want, err
+	}
+	return min(want, least+left/each), nil
+}
+
+// CanChange refuses (403) a change of a resource of kind from one spec to
+// another (a resize, an extend) that raises its hourly price by more than
+// project's funds cover. A spec the price list cannot price counts as a
+// raise by its whole price.
 func (s *Service) CanChange(ctx context.Context, project, kind string, from, to metering.Spec) error {
 	p, err := loadPrices(ctx, s.db)
 	if err != nil {
@@ -35,8 +69,82 @@ func (s *Service) CanChange(ctx context.Context, project, kind string, from, to 
 	}
 	before, errFrom := p.HourlyOf(kind, from, s.cfg.Currency, s.cfg.HoursPerMonth)
 	after, errTo := p.HourlyOf(kind, to, s.cfg.Currency, s.cfg.HoursPerMonth)
-	if errFrom == nil && errTo == nil && after <= before {
+	if errFrom != nil {
+		before = 0
+	}
+	if errTo == nil && after <= before {
 		return nil
 	}
-	return s.CanSpend(ctx, project)
+	_, err = s.cover(ctx, project, max(after-before, 0))
+	return err
+}
+
+// Funds is what a project may still start: its balance plus credit limit,
+// less what the hour now running owes and the ledger does not show yet.
+type Funds struct {
+	Available int64 `json:"available"`
+	Balance   int64 `json:"balance"`
+	Credit    int64 `json:"credit_limit"`
+	Accruing  int64 `json:"accruing"`
+}
+
+// Funds reads project's funds.
+func (s *Service) Funds(ctx context.Context, project string) (Funds, error) {
+	f, err := s.funds(ctx, s.db, project)
+	if err != nil {
+		return Funds{}, err
+	}
+	acc, err := s.Accruing(ctx, project)
+	if err != nil {
+		return Funds{}, err
+	}
+	// Balance and credit limit are bounded by MaxBalance and MaxAmount,
+	// the accrual by the prices: their sum fits.
+	return Funds{Available: f.Balance + f.CreditLimit - acc.Amount, Balance: f.Balance, Credit: f.CreditLimit,
+		Accruing: acc.Amount}, nil
+}
+
+// cover answers what is left of project's funds after need, or a 403
+// saying what is missing.
+func (s *Service) cover(ctx context.Context, project string, need int64) (int64, error) {
+	f, err := s.Funds(ctx, project)
+	if err != nil {
+		return 0, err
+	}
+	if f.Available >= need {
+		return f.Available - need, nil
+	}
+	return 0, s.refusal(project, f, need)
+}
+
+// refusal is the gate's 403: what the request's first hour costs, what
+// the project has, and what to do.
+func (s *Service) refusal(project string, f Funds, need int64) error {
+	cur := s.cfg.Currency
+	msg := fmt.Sprintf("The funds of project %s are spent: the balance %s %s", project, major(f.Balance), cur)
+	if need > 0 {
+		msg = fmt.Sprintf("The funds of project %s do not cover this request: its first hour costs %s %s, and the balance %s %s",
+			project, major(need), cur, major(f.Balance), cur)
+	}
+	if f.Credit > 0 {
+		msg += fmt.Sprintf(" with the credit limit of %s %s", major(f.Credit), cur)
+	}
+	if f.Accruing > 0 {
+		msg += fmt.Sprintf(", less %s %s the current hour owes,", major(f.Accruing), cur)
+	}
+	return api.Forbidden("%s leaves %s %s. Please top up first: the service is prepaid.", msg, major(f.Available), cur)
+}
+
+// hourlyOf prices one hour of a resource of kind and spec as the charging
+// pass will; a spec the price list cannot price is refused.
+func (s *Service) hourlyOf(ctx context.Context, kind string, spec metering.Spec) (int64, error) {
+	p, err := loadPrices(ctx, s.db)
+	if err != nil {
+		return 0, err
+	}
+	v, err := p.HourlyOf(kind, spec, s.cfg.Currency, s.cfg.HoursPerMonth)
+	if err != nil {
+		return 0, api.BadRequest("This cannot be ordered: %v.", err)
+	}
+	return v, nil
 }

@@ -235,7 +235,12 @@ func (s *Service) actUnshelve(r *http.Request, arg json.RawMessage) (*api.Respon
 			return nil, api.BadRequest("Compute host %s could not be found.", *host)
 		}
 	}
-	if err := s.checkSpend(r.Context(), api.CallerFrom(r.Context()).ProjectID); err != nil {
+	// The server's project pays for it running again, whoever asks.
+	pre, err := s.visibleServer(r.Context(), s.db, r.PathValue("id"), false)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkUnshelve(r.Context(), pre); err != nil {
 		return nil, err
 	}
 	return s.intentAction(r, simpleAction{"unshelve", taskUnshelving, "unshelve"}, func(tx *store.Tx, sv *server) error {

@@ -9,18 +9,20 @@ import (
 	"nimbus/internal/store"
 )
 
-// SpendGate is what compute asks before it lets a project start or raise
-// a charge: billing answers an error (an *api.Error 403 with the reason)
-// while the project's account is below its credit limit. CanChange asks
-// for a resource that changes spec, and lets a change that does not raise
-// its hourly price through.
+// SpendGate is billing's rule of what a project's money allows (billing's
+// gate.go): each method answers an *api.Error 403 with the reason when it
+// refuses. Cover answers how many servers of a spec, up to want, the funds
+// pay the first hour of (at least least); CanChange lets a resize that
+// does not raise the price through and asks for the raise otherwise;
+// CanSpend refuses only a project whose funds are spent.
 type SpendGate interface {
 	CanSpend(ctx context.Context, project string) error
+	Cover(ctx context.Context, project, kind string, spec metering.Spec, least, want int64) (int64, error)
 	CanChange(ctx context.Context, project, kind string, from, to metering.Spec) error
 }
 
-// checkSpend asks the gate, when there is one, whether project may create
-// or unshelve servers, or snapshot them.
+// checkSpend asks the gate, when there is one, whether project may start
+// what costs nothing yet (a snapshot of a server, priced once taken).
 func (s *Service) checkSpend(ctx context.Context, project string) error {
 	if s.gate == nil {
 		return nil
@@ -28,16 +30,41 @@ func (s *Service) checkSpend(ctx context.Context, project string) error {
 	return s.gate.CanSpend(ctx, project)
 }
 
+// serverSpec is what a server of flavor f and osType, booted or not from a
+// volume of its own, is charged as (moveMeter's spec).
+func serverSpec(f flavorSnap, osType string, ownBootVolume bool) metering.Spec {
+	return metering.ServerSpec(f.Name, int64(f.VCPUs), int64(f.RAM), int64(meteredDisk(f, ownBootVolume)), f.ExtraSpecs, osType)
+}
+
+// fundsRoom is how many servers of spec, from least up to want, project's
+// funds pay the first hour of.
+func (s *Service) fundsRoom(ctx context.Context, project string, spec metering.Spec, least, want int) (int, error) {
+	if s.gate == nil {
+		return want, nil
+	}
+	n, err := s.gate.Cover(ctx, project, metering.KindServer, spec, int64(least), int64(want))
+	return int(n), err
+}
+
+// checkUnshelve asks the gate whether sv's project pays the first hour of
+// sv running again.
+func (s *Service) checkUnshelve(ctx context.Context, sv *server) error {
+	bd := sv.bootDevice()
+	_, err := s.fundsRoom(ctx, sv.ProjectID, serverSpec(sv.Doc.Flavor, sv.Doc.OSType, bd != nil && !bd.FlavorDisk), 1, 1)
+	return err
+}
+
 // checkResize asks the gate, when there is one, whether sv may be resized
-// to flavor nf: only a resize that raises its price needs funds.
+// to flavor nf: only a resize that raises its price needs funds, for the
+// raise.
 func (s *Service) checkResize(ctx context.Context, sv *server, nf *Flavor) error {
 	if s.gate == nil {
 		return nil
 	}
-	spec := func(f flavorSnap) metering.Spec {
-		return metering.ServerSpec(f.Name, int64(f.VCPUs), int64(f.RAM), int64(f.diskGB()), f.ExtraSpecs, sv.Doc.OSType)
-	}
-	return s.gate.CanChange(ctx, sv.ProjectID, metering.KindServer, spec(sv.Doc.Flavor), spec(snapOf(nf)))
+	bd := sv.bootDevice()
+	own := bd != nil && !bd.FlavorDisk
+	return s.gate.CanChange(ctx, sv.ProjectID, metering.KindServer, serverSpec(sv.Doc.Flavor, sv.Doc.OSType, own),
+		serverSpec(snapOf(nf), sv.Doc.OSType, own))
 }
 
 // ShelveServers shelves, as billing's suspension does, the servers of

@@ -609,8 +609,14 @@ func bootSpec(sv *server, sp *driver.Spec) error {
 // instead (by block storage), and keeps only its ephemeral and swap
 // disks; a network-disk flavor's root volume is the flavor's disk.
 func meteredDiskGB(sv *server) int {
-	f := sv.Doc.Flavor
-	if bd := sv.bootDevice(); bd != nil && !bd.FlavorDisk {
+	bd := sv.bootDevice()
+	return meteredDisk(sv.Doc.Flavor, bd != nil && !bd.FlavorDisk)
+}
+
+// meteredDisk is meteredDiskGB for a server of flavor f that boots, or
+// not, from a volume it asked for.
+func meteredDisk(f flavorSnap, ownBootVolume bool) int {
+	if ownBootVolume {
 		return f.Ephemeral + (f.Swap+1023)/1024
 	}
 	return f.diskGB()

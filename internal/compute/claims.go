@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"nimbus/internal/driver"
+	"nimbus/internal/flavorspec"
 	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
 )
@@ -400,8 +401,10 @@ func flavorRequest(f flavorSnap) scheduler.Request {
 	if f.ExtraSpecs["nimbus:disk_type"] != "network" {
 		req.DiskGB = f.diskGB()
 	}
-	if model := f.ExtraSpecs["nimbus:gpu_model"]; model != "" {
-		req.GPUModel, req.GPUs = model, gpuCount(f.ExtraSpecs["pci_passthrough:alias"])
+	// A flavor whose GPUs cannot be read is refused before placement
+	// (checkFlavorGPUs); here it asks for none.
+	if g, err := flavorspec.GPUsOf(f.ExtraSpecs); err == nil && g.Count > 0 {
+		req.GPUModel, req.GPUs = g.Model, g.Count
 	}
 	if n, err := strconv.Atoi(f.ExtraSpecs["hw:numa_nodes"]); err == nil && n > 0 {
 		req.NUMANodes = n
@@ -418,25 +421,6 @@ func serverRequest(f flavorSnap, volumeBacked bool) scheduler.Request {
 		req.DiskGB = f.Ephemeral + (f.Swap+1023)/1024
 	}
 	return req
-}
-
-// gpuCount is how many devices a pci_passthrough:alias asks for
-// ("a100-80gb:2", "l4" = 1, lists summed).
-func gpuCount(alias string) int {
-	if alias == "" {
-		return 0
-	}
-	n := 0
-	for _, part := range strings.Split(alias, ",") {
-		c := 1
-		if i := strings.LastIndexByte(part, ':'); i >= 0 {
-			if v, err := strconv.Atoi(part[i+1:]); err == nil {
-				c = v
-			}
-		}
-		n += c
-	}
-	return max(n, 1)
 }
 
 // groupRule is a server group's policy as placement applies it to a

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"nimbus/internal/api"
+	"nimbus/internal/flavorspec"
 	"nimbus/internal/store"
 )
 
@@ -628,8 +629,6 @@ func validateSpecs(v Version, specs map[string]json.RawMessage) (map[string]stri
 	return out, nil
 }
 
-var pciAliasPattern = regexp.MustCompile(`^[^:]+(:\d+)?(,[^:]+(:\d+)?)*$`)
-
 func validateKnownSpec(k, val string) error {
 	bad := func(detail string) error {
 		return api.BadRequest("Validation failed; %s for %s.", detail, k)
@@ -640,8 +639,8 @@ func validateKnownSpec(k, val string) error {
 			return bad(fmt.Sprintf("'%s' is not one of ['dedicated', 'shared', 'mixed']", val))
 		}
 	case "pci_passthrough:alias":
-		if !pciAliasPattern.MatchString(val) {
-			return bad(fmt.Sprintf("'%s' is not a valid alias list", val))
+		if _, err := flavorspec.ParseAlias(val); err != nil {
+			return bad(fmt.Sprintf("'%s' is not a valid alias list: %v", val, err))
 		}
 	case "nimbus:disk_type":
 		if val != "local" && val != "network" {

@@ -43,8 +43,15 @@ func (s *Service) moveMeter(ctx context.Context, q store.Querier, sv *server) er
 	if err := metering.Set(ctx, q, metering.KindServer, sv.ID, sv.ProjectID, spec, s.now()); err != nil {
 		return err
 	}
-	// A network-disk flavor's root volume is paid with the server while
-	// the server is billed, and as a volume while it is not (shelved).
+	// What the flavor gave the server is paid with the server while the
+	// server is billed, and on its own while it is not (shelved): the
+	// public address as a public IPv4, a network-disk flavor's root
+	// volume as a volume (internal/metering states the rule).
+	if sv.Doc.Flavor.ExtraSpecs["nimbus:public_ipv4"] == "true" && s.networks != nil {
+		if err := s.networks.MeterServerAddresses(ctx, q, sv.ID, k != (meterKey{})); err != nil {
+			return err
+		}
+	}
 	if bd := sv.bootDevice(); bd != nil && bd.FlavorDisk && s.volumes != nil {
 		paid := 0
 		if k != (meterKey{}) {

@@ -94,6 +94,9 @@ func (u *unitNetworks) Addresses(context.Context, []network.ServerRef) (map[stri
 	return map[string]map[string][]network.Address{}, nil
 }
 func (u *unitNetworks) ReleaseServer(context.Context, *store.Tx, string) error { return nil }
+func (u *unitNetworks) MeterServerAddresses(context.Context, store.Querier, string, bool) error {
+	return nil
+}
 func (u *unitNetworks) ServerInterfaces(context.Context, network.ServerRef) ([]network.Interface, error) {
 	return nil, nil
 }

@@ -452,9 +452,6 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if req.AZ != "" {
 		pinned = &req.AZ
 	}
-	if err := s.checkSpend(ctx, c.ProjectID); err != nil {
-		return nil, err
-	}
 	if req.Hints.Group != "" {
 		if err := s.checkGroupForCreate(ctx, c.ProjectID, req.Hints.Group, req.MinCount); err != nil {
 			return nil, err
@@ -466,6 +463,11 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	// many as the quota allows. Fewer than min_count placed fails them all,
 	// as Nova's NoValidHost does, with nothing held and nothing charged.
 	if req.MaxCount, err = s.quotaRoom(ctx, c.ProjectID, flavor, req.MinCount, req.MaxCount); err != nil {
+		return nil, err
+	}
+	// And no more than the project's money pays the first hour of: the
+	// service is prepaid.
+	if req.MaxCount, err = s.fundsRoom(ctx, c.ProjectID, serverSpec(snap, osType, bootVolume), req.MinCount, req.MaxCount); err != nil {
 		return nil, err
 	}
 	j, err := s.newPlaceJob(ctx, placeRequest{zone: req.AZ, host: req.Host, group: req.Hints.Group,

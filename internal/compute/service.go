@@ -80,6 +80,7 @@ type Networks interface {
 	ServerPorts(ctx context.Context, sv network.ServerRef) ([]network.ServerPort, error)
 	Addresses(ctx context.Context, servers []network.ServerRef) (map[string]map[string][]network.Address, error)
 	ReleaseServer(ctx context.Context, tx *store.Tx, serverID string) error
+	MeterServerAddresses(ctx context.Context, q store.Querier, serverID string, serverPays bool) error
 	ServerInterfaces(ctx context.Context, sv network.ServerRef) ([]network.Interface, error)
 	ReleasePort(ctx context.Context, tx *store.Tx, serverID, portID string) error
 	// NetworkChanged tells the data plane that a server moved (placed

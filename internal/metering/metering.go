@@ -15,12 +15,12 @@ package metering
 import (
 	"context"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
+	"nimbus/internal/flavorspec"
 	"nimbus/internal/store"
 )
 
@@ -50,28 +50,18 @@ type Spec struct {
 
 // ServerSpec is what a server of a flavor amounts to: its vCPUs, RAM and
 // disk, and from the flavor's extra specs the disk type (nimbus:disk_type,
-// default local), a public IPv4 (nimbus:public_ipv4), the GPU model
-// (nimbus:gpu_model) and count (pci_passthrough:alias "alias:count[,…]",
-// default 1); osType "windows" adds the licence.
+// default local), a public IPv4 (nimbus:public_ipv4) and the GPUs as
+// flavorspec reads them for the scheduler too (a flavor whose GPUs cannot
+// be read is never placed, so has none here); osType "windows" adds the
+// licence.
 func ServerSpec(flavor string, vcpus, ramMB, diskGB int64, extraSpecs map[string]string, osType string) Spec {
 	s := Spec{Flavor: flavor, VCPUs: vcpus, RAMMB: ramMB, DiskGB: diskGB, DiskType: extraSpecs["nimbus:disk_type"]}
 	if s.DiskType == "" {
 		s.DiskType = "local"
 	}
 	s.PublicIPv4 = extraSpecs["nimbus:public_ipv4"] == "true"
-	if m := extraSpecs["nimbus:gpu_model"]; m != "" {
-		s.GPUModel, s.GPUCount = m, 1
-		var total int64
-		for _, part := range strings.Split(extraSpecs["pci_passthrough:alias"], ",") {
-			if _, cnt, ok := strings.Cut(part, ":"); ok {
-				if n, err := strconv.ParseInt(strings.TrimSpace(cnt), 10, 64); err == nil && n > 0 {
-					total += n
-				}
-			}
-		}
-		if total > 0 {
-			s.GPUCount = total
-		}
+	if g, err := flavorspec.GPUsOf(extraSpecs); err == nil && g.Count > 0 {
+		s.GPUModel, s.GPUCount = g.Model, int64(g.Count)
 	}
 	if strings.EqualFold(osType, "windows") {
 		s.OSType = "windows"

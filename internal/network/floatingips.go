@@ -12,12 +12,14 @@ import (
 
 var fipFilters = filterableOf(viewKeys((&fipRow{}).view(nil))...)
 
-// SpendGate is what network asks before a project allocates a public
-// address (a new charge) or attaches one (which undoes billing's
-// suspension): billing answers a 403 *api.Error while the project's account
-// is below its credit limit.
+// SpendGate is billing's rule of what a project's money allows (billing's
+// gate.go), asked before a project allocates a public address (CanStart:
+// its first hour must be paid for) or attaches one (CanSpend: undoing
+// billing's suspension needs funds left). Each answers a 403 *api.Error
+// with the reason when it refuses.
 type SpendGate interface {
 	CanSpend(ctx context.Context, project string) error
+	CanStart(ctx context.Context, project, kind string, spec metering.Spec, count int64) error
 }
 
 // SetSpendGate connects billing's gate.
@@ -85,8 +87,35 @@ func insertFIP(ctx context.Context, q store.Querier, f *fipRow) error {
 	if err != nil {
 		return err
 	}
-	// A public address is billed from allocation to release.
+	// A public address is billed from allocation to release; one given
+	// with a server's flavor is paid with the server while the server is
+	// (MeterServerAddresses).
+	if f.ServerID != nil {
+		return nil
+	}
 	return metering.Set(ctx, q, metering.KindPublicIP, f.ID, f.ProjectID, &metering.Spec{PublicIPv4: true}, time.Now())
+}
+
+// MeterServerAddresses records, in q, who pays for the public addresses
+// server's flavor gave it: the server, whose price includes them, while
+// it is billed (serverPays); the addresses themselves, as public IPv4
+// addresses, while it is not (shelved, it keeps them). internal/metering
+// states the rule.
+func (s *Service) MeterServerAddresses(ctx context.Context, q store.Querier, serverID string, serverPays bool) error {
+	fips, err := loadFIPs(ctx, q, "server_id = ?", serverID)
+	if err != nil {
+		return err
+	}
+	for _, f := range fips {
+		var spec *metering.Spec
+		if !serverPays {
+			spec = &metering.Spec{PublicIPv4: true}
+		}
+		if err := metering.Set(ctx, q, metering.KindPublicIP, f.ID, f.ProjectID, spec, time.Now()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func deleteFIP(ctx context.Context, q store.Querier, id string) error {
@@ -352,8 +381,10 @@ func (s *Service) createFIP(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkSpend(r.Context(), f.ProjectID); err != nil {
-		return nil, err
+	if s.gate != nil {
+		if err := s.gate.CanStart(r.Context(), f.ProjectID, metering.KindPublicIP, metering.Spec{PublicIPv4: true}, 1); err != nil {
+			return nil, err
+		}
 	}
 	var views []map[string]any
 	err = s.db.Tx(r.Context(), func(tx *store.Tx) error {

@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/url"
+	"nimbus/internal/flavorspec"
 	"regexp"
 	"slices"
 	"sort"
@@ -270,14 +271,14 @@ func gpusInUse(ctx context.Context, c *Client) (map[string]map[string]int, error
 			mu.Lock()
 			defer mu.Unlock()
 			for _, s := range servers {
-				model := s.Flavor.ExtraSpecs["nimbus:gpu_model"]
-				if s.Host == nil || *s.Host == "" || model == "" {
+				g, err := flavorspec.GPUsOf(s.Flavor.ExtraSpecs)
+				if err != nil || g.Count == 0 || s.Host == nil || *s.Host == "" {
 					continue // shelved or never placed: no device held
 				}
 				if out[*s.Host] == nil {
 					out[*s.Host] = map[string]int{}
 				}
-				out[*s.Host][model] += aliasCount(s.Flavor.ExtraSpecs["pci_passthrough:alias"])
+				out[*s.Host][g.Model] += g.Count
 			}
 			return nil
 		})
@@ -305,22 +306,6 @@ type gpuServer struct {
 func flavorServers(ctx context.Context, c *Client, flavor string) ([]gpuServer, error) {
 	return listAll(ctx, c, "/servers/detail", url.Values{"all_tenants": {"1"}, "flavor": {flavor}}, "servers",
 		func(s gpuServer) string { return s.ID })
-}
-
-// aliasCount is how many devices a pci_passthrough:alias asks for
-// ("a100-80gb:2", or several aliases separated by commas).
-func aliasCount(alias string) int {
-	n := 0
-	for _, part := range strings.Split(alias, ",") {
-		c := 1
-		if i := strings.LastIndexByte(part, ':'); i >= 0 {
-			if v, err := strconv.Atoi(part[i+1:]); err == nil && v > 0 {
-				c = v
-			}
-		}
-		n += c
-	}
-	return n
 }
 
 // setHostStatus enables or disables a host's compute service.

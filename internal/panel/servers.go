@@ -7,6 +7,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"nimbus/internal/flavorspec"
 	"sort"
 	"strconv"
 	"strings"
@@ -148,26 +149,13 @@ func (q *req) config(f apiFlavor) string {
 		disk = q.T("%d GB "+t+" disk", f.Disk)
 	}
 	parts = append(parts, disk)
-	if m := f.ExtraSpecs["nimbus:gpu_model"]; m != "" {
-		parts = append(parts, fmt.Sprintf("%d × %s", gpuCount(f.ExtraSpecs), m))
+	if g, err := flavorspec.GPUsOf(f.ExtraSpecs); err == nil && g.Count > 0 {
+		parts = append(parts, fmt.Sprintf("%d × %s", g.Count, g.Model))
 	}
 	if f.ExtraSpecs["nimbus:public_ipv4"] == "true" {
 		parts = append(parts, q.T("public IPv4"))
 	}
 	return strings.Join(parts, " · ")
-}
-
-// gpuCount is the GPUs a flavor passes through, as billing counts them.
-func gpuCount(es map[string]string) int {
-	n := 0
-	for _, part := range strings.Split(es["pci_passthrough:alias"], ",") {
-		if _, c, ok := strings.Cut(part, ":"); ok {
-			if k, err := strconv.Atoi(strings.TrimSpace(c)); err == nil && k > 0 {
-				n += k
-			}
-		}
-	}
-	return max(n, 1)
 }
 
 // statusText is a server's status in the page's language, with its task.

@@ -13,6 +13,7 @@ import (
 var goMigrations = map[string]func(context.Context, *sql.Tx, Dialect) error{
 	"0017_compute_system_metadata": moveShelveMetadata,
 	"0050_volume_source_image":     fillSourceImage,
+	"0056_flavor_address_billing":  endFlavorAddressPeriods,
 }
 
 // shelveKeys are the keys shelve once kept in a server's user metadata.
@@ -145,4 +146,18 @@ func fillSourceImage(ctx context.Context, tx *sql.Tx, d Dialect) error {
 		}
 	}
 	return nil
+}
+
+// endFlavorAddressPeriods ends, as of now, the usage periods of the public
+// addresses given with a server's flavor while the server is billed: the
+// server's price includes them, and until 0056 they were charged again
+// on their own. A shelved server's address keeps its period (it pays on
+// its own while the server does not).
+func endFlavorAddressPeriods(ctx context.Context, tx *sql.Tx, d Dialect) error {
+	now := FormatTime(time.Now())
+	_, err := tx.ExecContext(ctx, rebind(d, `UPDATE metering_periods SET ended_at = ?, changed_at = ?
+ WHERE kind = 'public_ipv4' AND ended_at = '' AND resource_id IN (
+  SELECT f.id FROM floatingips f JOIN compute_servers s ON s.id = f.server_id
+  WHERE s.deleted = 0 AND s.host <> '' AND s.vm_state NOT IN ('shelved', 'shelved_offloaded'))`), now, now)
+	return err
 }

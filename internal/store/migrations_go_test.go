@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"nimbus/internal/store/storetest"
@@ -144,6 +145,79 @@ func TestFillSourceImage(t *testing.T) {
 			}
 			if got != r.want {
 				t.Errorf("%s %s: source_image_id %q, want %q", r.table, r.id, got, r.want)
+			}
+		}
+	})
+}
+
+// TestEndFlavorAddressPeriods checks migration 0056 on both engines: the
+// open period of an address a billed server's flavor gave it ends; that
+// of a shelved server's address, of a deleted server's and of a floating
+// IP of the customer's own stay open.
+func TestEndFlavorAddressPeriods(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		db, err := Open(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		const then = "2026-11-24T10:00:00.000000Z"
+		var net string
+		if err := db.QueryRow(ctx, "SELECT id FROM networks LIMIT 1").Scan(&net); err != nil {
+			if _, err := db.Exec(ctx, `INSERT INTO networks (id, name, project_id, created_at, updated_at) VALUES ('n', 'public', '', ?, ?)`, then, then); err != nil {
+				t.Fatal(err)
+			}
+			net = "n"
+		}
+		cases := []struct {
+			server, state, host string
+			deleted             int
+			wantOpen            bool
+		}{
+			{"running", "active", "h1", 0, false},
+			{"stopped", "stopped", "h1", 0, false},
+			{"shelved", "shelved_offloaded", "", 0, true},
+			{"deleted", "deleted", "h1", 1, true},
+			{"", "", "", 0, true}, // the customer's own floating IP
+		}
+		for i, c := range cases {
+			fip := fmt.Sprintf("fip-%d", i)
+			var server any
+			if c.server != "" {
+				server = c.server
+				if _, err := db.Exec(ctx, `INSERT INTO compute_servers (id, project_id, user_id, name, vm_state, flavor_id, reservation_id, created_at, updated_at, doc, host, deleted)
+ VALUES (?, 'p1', 'u1', ?, ?, 'f', 'r', ?, ?, '{}', ?, ?)`, c.server, c.server, c.state, then, then, c.host, c.deleted); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := db.Exec(ctx, `INSERT INTO floatingips (id, project_id, floating_network_id, floating_subnet_id, floating_ip_address, server_id, created_at, updated_at)
+ VALUES (?, 'p1', ?, 's', ?, ?, ?, ?)`, fip, net, fmt.Sprintf("203.0.113.%d", i), server, then, then); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec(ctx, `INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at)
+ VALUES (?, ?, 'public_ipv4', 'p1', '{"public_ipv4":true}', ?, '', ?)`, "period-"+fip, fip, then, then); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tx, err := db.sql.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := endFlavorAddressPeriods(ctx, tx, db.dialect); err != nil {
+			tx.Rollback()
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range cases {
+			var ended string
+			if err := db.QueryRow(ctx, "SELECT ended_at FROM metering_periods WHERE resource_id = ?", fmt.Sprintf("fip-%d", i)).Scan(&ended); err != nil {
+				t.Fatal(err)
+			}
+			if (ended == "") != c.wantOpen {
+				t.Errorf("fip-%d (%s): ended_at %q, want open %v", i, c.server, ended, c.wantOpen)
 			}
 		}
 	})

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"nimbus/internal/api"
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -100,8 +101,12 @@ func (s *Service) extend(r *http.Request, raw json.RawMessage) (*api.Response, e
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkSpend(ctx, pre.ProjectID); err != nil {
-		return nil, err
+	if s.gate != nil && newSize > pre.Size {
+		// What is charged is the size past a flavor's disk (meter).
+		from, to := metering.Spec{SizeGB: max(pre.Size-flavorDiskGB(pre), 0)}, metering.Spec{SizeGB: max(newSize-flavorDiskGB(pre), 0)}
+		if err := s.gate.CanChange(ctx, pre.ProjectID, metering.KindVolume, from, to); err != nil {
+			return nil, err
+		}
 	}
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
 		v, err := ownedVol(ctx, tx, c, r.PathValue("id"))

@@ -279,7 +279,12 @@ func (s *Service) createBackup(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkSpend(ctx, c.ProjectID); err != nil {
+	// A backup is the size of its volume, of a snapshot too.
+	pre, err := ownedVol(ctx, s.db, c, req.volumeID)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkStart(ctx, c.ProjectID, metering.KindBackup, pre.Size); err != nil {
 		return nil, err
 	}
 	var b *bkRow
@@ -532,7 +537,12 @@ func (s *Service) restoreBackup(r *http.Request) (*api.Response, error) {
 		return nil, err
 	}
 	if volID == nil {
-		if err := s.checkSpend(ctx, c.ProjectID); err != nil {
+		// A restore to a new volume starts its charge: the backup's size.
+		pre, err := ownedBackup(ctx, s.db, c, r.PathValue("id"))
+		if err != nil {
+			return nil, err
+		}
+		if err := s.checkStart(ctx, c.ProjectID, metering.KindVolume, pre.Size); err != nil {
 			return nil, err
 		}
 	}

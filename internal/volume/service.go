@@ -23,6 +23,7 @@ import (
 
 	"nimbus/internal/api"
 	"nimbus/internal/image"
+	"nimbus/internal/metering"
 	"nimbus/internal/rbd"
 	"nimbus/internal/store"
 	"nimbus/internal/workqueue"
@@ -77,11 +78,16 @@ type Config struct {
 	RBD, RBDBackups *rbd.Store
 }
 
-// SpendGate is what volumes ask before a project starts or raises a charge
-// (a volume created or extended): billing answers a 403 *api.Error while
-// the project's account is below its credit limit.
+// SpendGate is billing's rule of what a project's money allows (billing's
+// gate.go), asked before a project starts or raises a charge: CanStart
+// for a new volume, snapshot or backup (its first hour must be paid for),
+// CanChange for an extend (the raise), CanSpend for what is priced only
+// once made (an upload to an image). Each answers a 403 *api.Error with
+// the reason when it refuses.
 type SpendGate interface {
 	CanSpend(ctx context.Context, project string) error
+	CanStart(ctx context.Context, project, kind string, spec metering.Spec, count int64) error
+	CanChange(ctx context.Context, project, kind string, from, to metering.Spec) error
 }
 
 // Service is the block storage service.
@@ -149,12 +155,22 @@ func (s *Service) isLocal(host string) bool {
 func (s *Service) SetExtender(e Extender) { s.extender = e }
 
 // checkSpend asks the gate, when there is one, whether project may start
-// or raise a charge.
+// what is priced once made.
 func (s *Service) checkSpend(ctx context.Context, project string) error {
 	if s.gate == nil {
 		return nil
 	}
 	return s.gate.CanSpend(ctx, project)
+}
+
+// checkStart asks the gate, when there is one, whether project pays the
+// first hour of a new resource of kind (a volume, snapshot or backup) of
+// sizeGB.
+func (s *Service) checkStart(ctx context.Context, project, kind string, sizeGB int64) error {
+	if s.gate == nil {
+		return nil
+	}
+	return s.gate.CanStart(ctx, project, kind, metering.Spec{SizeGB: sizeGB}, 1)
 }
 
 // Microversions served (cinder/api/openstack/api_version_request.py

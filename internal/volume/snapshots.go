@@ -293,7 +293,7 @@ func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkSpend(ctx, pre.ProjectID); err != nil {
+	if err := s.checkStart(ctx, pre.ProjectID, metering.KindSnapshot, pre.Size); err != nil {
 		return nil, err
 	}
 	var sn *snapRow

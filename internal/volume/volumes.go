@@ -13,6 +13,7 @@ import (
 
 	"nimbus/internal/api"
 	"nimbus/internal/image"
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -229,7 +230,7 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 		return nil, invalidInput("Volume size '%s' must be an integer and greater than 0", "None")
 	}
 	v.Size = size
-	if err := s.checkSpend(ctx, v.ProjectID); err != nil {
+	if err := s.checkStart(ctx, v.ProjectID, metering.KindVolume, size); err != nil {
 		return nil, err
 	}
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
