@@ -27,8 +27,8 @@ const (
 )
 
 // chargeRowsPerInsert keeps one multi-row INSERT under SQLite's limit of
-// 32766 placeholders at 8 per row (PostgreSQL takes arrays instead).
-const chargeRowsPerInsert = 4000
+// 32766 placeholders at 9 per row (PostgreSQL takes arrays instead).
+const chargeRowsPerInsert = 3600
 
 // ChargeUntil runs one charging pass at time now: every started hour since
 // the last complete one, up to the hour now is in, is charged for every
@@ -237,7 +237,7 @@ type charge struct {
 	project, resource string
 	hour              time.Time
 	amount            int64
-	ref               string
+	ref, name         string // name: the resource's, for the ledger
 }
 
 // cursor is where a page of periods ends: (resource_id, id).
@@ -279,7 +279,8 @@ func (p *pass) read(ctx context.Context, after cursor) (*work, error) {
 // prices in it, once, however many passes see it.
 func (p *pass) price(group []metering.Period, w *work) {
 	add := func(pd *metering.Period, at time.Time, amount int64, ref string) {
-		w.charges = append(w.charges, charge{project: pd.ProjectID, resource: pd.ResourceID, hour: at, amount: amount, ref: ref + refName(pd)})
+		w.charges = append(w.charges, charge{project: pd.ProjectID, resource: pd.ResourceID, hour: at, amount: amount,
+			ref: ref + refName(pd), name: pd.Spec.Name})
 		w.projects[pd.ProjectID] = true
 	}
 	metering.Assign(group, p.from, p.to, func(h metering.Hour) bool {
@@ -443,32 +444,32 @@ func (p *pass) insert(ctx context.Context, tx *store.Tx, part []charge) (int, in
 	var q string
 	var args []any
 	if tx.Dialect() == store.Postgres {
-		// One array per column: eight parameters however many rows, which
+		// One array per column: nine parameters however many rows, which
 		// spares pgx encoding thousands of placeholders.
-		cols := make([][]string, 7)
+		cols := make([][]string, 8)
 		amounts := make([]int64, len(part))
 		for i := range cols {
 			cols[i] = make([]string, len(part))
 		}
 		for i, c := range part {
 			cols[0][i], cols[1][i], cols[2][i] = newID(), c.project, KindCharge
-			cols[3][i], cols[4][i], cols[5][i], cols[6][i] = c.resource, store.FormatTime(c.hour), p.createdAt, c.ref
+			cols[3][i], cols[4][i], cols[5][i], cols[6][i], cols[7][i] = c.resource, store.FormatTime(c.hour), p.createdAt, c.ref, c.name
 			amounts[i] = -c.amount
 		}
-		q = `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
- SELECT * FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[])
+		q = `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference, resource_name)
+ SELECT * FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[], ?::text[])
  ON CONFLICT DO NOTHING RETURNING amount`
-		args = []any{cols[0], cols[1], cols[2], amounts, cols[3], cols[4], cols[5], cols[6]}
+		args = []any{cols[0], cols[1], cols[2], amounts, cols[3], cols[4], cols[5], cols[6], cols[7]}
 	} else {
 		var b strings.Builder
-		b.WriteString("INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference) VALUES ")
-		args = make([]any, 0, len(part)*8)
+		b.WriteString("INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference, resource_name) VALUES ")
+		args = make([]any, 0, len(part)*9)
 		for i, c := range part {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
-			args = append(args, newID(), c.project, KindCharge, -c.amount, c.resource, store.FormatTime(c.hour), p.createdAt, c.ref)
+			b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?)")
+			args = append(args, newID(), c.project, KindCharge, -c.amount, c.resource, store.FormatTime(c.hour), p.createdAt, c.ref, c.name)
 		}
 		b.WriteString(" ON CONFLICT DO NOTHING RETURNING amount")
 		q = b.String()

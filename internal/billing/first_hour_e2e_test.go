@@ -66,7 +66,7 @@ func TestFirstHourEqualsQuote(t *testing.T) {
 				id := f.create("/servers", `{"server": {"name": "fh", "flavorRef": "`+tc.flavor+`", "imageRef": "`+
 					image.CatalogID(tc.image)+`", "networks": [{"uuid": "`+netID+`"}]}}`, "server")
 				f.waitFor(c.ComputeURL+"/servers/"+id, "server", "ACTIVE")
-				f.checkHours(tc.flavor, want)
+				f.checkHours(tc.flavor, want, "fh")
 				f.remove(c.ComputeURL + "/servers/" + id)
 			})
 		}
@@ -76,14 +76,14 @@ func TestFirstHourEqualsQuote(t *testing.T) {
 			want := f.quote(`{"volume_gb": 7}`)
 			id := f.create("/volumes", `{"volume": {"size": 7, "name": "fh"}}`, "volume")
 			f.waitFor(c.VolumeURL+"/volumes/"+id, "volume", "available")
-			f.checkHours("a volume of 7 GB", want)
+			f.checkHours("a volume of 7 GB", want, "fh")
 
 			t.Run("backup", func(t *testing.T) {
 				f.t = t
 				want := f.quote(`{"backup_gb": 7}`)
 				bk := f.create("/backups", `{"backup": {"volume_id": "`+id+`", "name": "fh"}}`, "backup")
 				f.waitFor(c.VolumeURL+"/backups/"+bk, "backup", "available")
-				f.checkHours("a backup of 7 GB", want)
+				f.checkHours("a backup of 7 GB", want, "fh")
 				f.remove(c.VolumeURL + "/backups/" + bk)
 			})
 			f.t = t
@@ -93,8 +93,15 @@ func TestFirstHourEqualsQuote(t *testing.T) {
 		t.Run("floating IP", func(t *testing.T) {
 			f.t = t
 			want := f.quote(`{"public_ipv4": true}`)
-			id := f.create("/v2.0/floatingips", `{"floatingip": {"floating_network_id": "`+f.publicNetwork()+`"}}`, "floatingip")
-			f.checkHours("a floating IP", want)
+			var fip struct {
+				Floatingip struct {
+					ID      string
+					Address string `json:"floating_ip_address"`
+				}
+			}
+			f.call("POST", c.NetworkURL+"/v2.0/floatingips", `{"floatingip": {"floating_network_id": "`+f.publicNetwork()+`"}}`, 201, &fip)
+			id := fip.Floatingip.ID
+			f.checkHours("a floating IP", want, fip.Floatingip.Address)
 			f.remove(c.NetworkURL + "/v2.0/floatingips/" + id)
 		})
 
@@ -106,9 +113,10 @@ func TestFirstHourEqualsQuote(t *testing.T) {
 			id := f.create("/servers", `{"server": {"name": "fh", "flavorRef": "d2.4g.local.ipv4", "imageRef": "`+
 				image.CatalogID("Debian 12")+`", "networks": [{"uuid": "`+netID+`"}]}}`, "server")
 			f.waitFor(c.ComputeURL+"/servers/"+id, "server", "ACTIVE")
-			f.checkHours("the hour before the term", hourly)
+			f.checkHours("the hour before the term", hourly, "fh")
 			f.call("POST", c.BillingURL+"/v1/terms", `{"term": {"server_id": "`+id+`", "months": 1}}`, 201, nil)
-			if got := f.newEntries("charge"); len(got) != 1 || !strings.HasPrefix(got[0].Reference, "term:") || -got[0].Amount != q.Quote.Total {
+			if got := f.newEntries("charge"); len(got) != 1 || !strings.HasPrefix(got[0].Reference, "term:") || -got[0].Amount != q.Quote.Total ||
+				got[0].ResourceName != "fh" {
 				t.Errorf("a term of one month took %+v; the quote's total is %d", got, q.Quote.Total)
 			}
 			f.remove(c.ComputeURL + "/servers/" + id)
@@ -128,6 +136,7 @@ type firstHour struct {
 type ledgerEntry struct {
 	ID, Kind, Reference string
 	Amount              int64
+	ResourceName        string  `json:"resource_name"`
 	ResourceID          *string `json:"resource_id"`
 	PeriodStart         *string `json:"period_start"`
 }
@@ -224,14 +233,17 @@ func (f *firstHour) newEntries(kind string) []ledgerEntry {
 
 // checkHours runs the charging pass and checks that each hour it charged
 // costs want in all (the hour a case began in, and the next if the clock
-// turned meanwhile).
-func (f *firstHour) checkHours(what string, want int64) {
+// turned meanwhile), and that each charge names what it was for (name).
+func (f *firstHour) checkHours(what string, want int64, name string) {
 	f.t.Helper()
 	fresh := f.charge()
 	byHour := map[string]int64{}
 	for _, e := range fresh {
 		if e.PeriodStart == nil {
 			f.t.Fatalf("charge without an hour: %+v", e)
+		}
+		if e.ResourceName != name {
+			f.t.Errorf("%s: charge %s names %q, want %q", what, e.Reference, e.ResourceName, name)
 		}
 		byHour[(*e.PeriodStart)[:13]] -= e.Amount
 	}

@@ -40,14 +40,17 @@ type Account struct {
 
 // Entry is one ledger row.
 type Entry struct {
-	ID          string    `json:"id"`
-	ProjectID   string    `json:"project_id"`
-	Kind        string    `json:"kind"`
-	Amount      int64     `json:"amount"`
-	ResourceID  *string   `json:"resource_id"`
-	PeriodStart *string   `json:"period_start,omitempty"`
-	CreatedAt   time.Time `json:"created_at"`
-	Reference   string    `json:"reference"`
+	ID         string  `json:"id"`
+	ProjectID  string  `json:"project_id"`
+	Kind       string  `json:"kind"`
+	Amount     int64   `json:"amount"`
+	ResourceID *string `json:"resource_id"`
+	// ResourceName is the name of what a charge was for when it was
+	// charged (a server's, a volume's, an address itself), "" for others.
+	ResourceName string    `json:"resource_name"`
+	PeriodStart  *string   `json:"period_start,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+	Reference    string    `json:"reference"`
 }
 
 func newID() string { return uuid.Must(uuid.NewV7()).String() }
@@ -153,7 +156,7 @@ func (s *Service) Ledger(ctx context.Context, project string, limit int, marker 
 		}
 		page.AfterMarker(vals)
 	}
-	q := "SELECT id, project_id, kind, amount, resource_id, period_start, created_at, reference FROM billing_ledger " + page.SQL()
+	q := "SELECT id, project_id, kind, amount, resource_id, period_start, created_at, reference, resource_name FROM billing_ledger " + page.SQL()
 	args := page.Args
 	rows, err := s.db.Query(ctx, q, args...)
 	if err != nil {
@@ -164,7 +167,7 @@ func (s *Service) Ledger(ctx context.Context, project string, limit int, marker 
 	for rows.Next() {
 		var e Entry
 		var at string
-		if err := rows.Scan(&e.ID, &e.ProjectID, &e.Kind, &e.Amount, &e.ResourceID, &e.PeriodStart, &at, &e.Reference); err != nil {
+		if err := rows.Scan(&e.ID, &e.ProjectID, &e.Kind, &e.Amount, &e.ResourceID, &e.PeriodStart, &at, &e.Reference, &e.ResourceName); err != nil {
 			return nil, err
 		}
 		e.CreatedAt = store.ParseTime(at)

@@ -187,9 +187,9 @@ func (s *Service) newTerm(ctx context.Context, tx *store.Tx, project, server str
 	// The term's charge sits at its first hour; an hourly charge already
 	// there (a pass that ran ahead on another controller's clock) would
 	// double it, so that is refused and the whole order rolled back.
-	res, err := tx.Exec(ctx, `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
- VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`, newID(), project, KindCharge, -amount, server,
-		store.FormatTime(start), store.FormatTime(now), fmt.Sprintf("term:%s:%dm", t.ID, months))
+	res, err := tx.Exec(ctx, `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference, resource_name)
+ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`, newID(), project, KindCharge, -amount, server,
+		store.FormatTime(start), store.FormatTime(now), fmt.Sprintf("term:%s:%dm", t.ID, months), p.Spec.Name)
 	if err != nil {
 		return nil, err
 	}

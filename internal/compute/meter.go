@@ -18,6 +18,7 @@ type meterKey struct {
 	flavorID         string
 	vcpus, ram, disk int
 	osType           string
+	name             string // for the ledger: a rename changes the name only
 }
 
 func meterKeyOf(sv *server) meterKey {
@@ -25,7 +26,7 @@ func meterKeyOf(sv *server) meterKey {
 		return meterKey{}
 	}
 	f := sv.Doc.Flavor
-	return meterKey{f.ID, f.VCPUs, f.RAM, meteredDiskGB(sv), sv.Doc.OSType}
+	return meterKey{f.ID, f.VCPUs, f.RAM, meteredDiskGB(sv), sv.Doc.OSType, sv.Name}
 }
 
 // moveMeter records sv's usage period when what it is billed as changed.
@@ -38,6 +39,7 @@ func (s *Service) moveMeter(ctx context.Context, q store.Querier, sv *server) er
 	if k != (meterKey{}) {
 		f := sv.Doc.Flavor
 		sp := metering.ServerSpec(f.Name, int64(f.VCPUs), int64(f.RAM), int64(meteredDiskGB(sv)), f.ExtraSpecs, sv.Doc.OSType)
+		sp.Name = sv.Name
 		spec = &sp
 	}
 	if err := metering.Set(ctx, q, metering.KindServer, sv.ID, sv.ProjectID, spec, s.now()); err != nil {
@@ -93,6 +95,7 @@ func (s *Service) backfillMeter(ctx context.Context) error {
 	for _, sv := range missing {
 		f := sv.Doc.Flavor
 		spec := metering.ServerSpec(f.Name, int64(f.VCPUs), int64(f.RAM), int64(meteredDiskGB(sv)), f.ExtraSpecs, sv.Doc.OSType)
+		spec.Name = sv.Name
 		if err := s.db.Tx(ctx, func(tx *store.Tx) error {
 			return metering.Set(ctx, tx, metering.KindServer, sv.ID, sv.ProjectID, &spec, sv.CreatedAt)
 		}); err != nil {

@@ -301,7 +301,7 @@ func meter(ctx context.Context, q store.Querier, img *Image) error {
 	var spec *metering.Spec
 	if img.HasData() && img.Visibility != Public && img.Owner != "" {
 		gb := (img.Size + 1<<30 - 1) >> 30
-		spec = &metering.Spec{SizeGB: max(gb, 1)}
+		spec = &metering.Spec{SizeGB: max(gb, 1), Name: img.Name}
 	}
 	return metering.Set(ctx, q, kind, img.ID, img.Owner, spec, time.Now())
 }

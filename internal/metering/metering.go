@@ -46,6 +46,10 @@ type Spec struct {
 	PublicIPv4 bool   `json:"public_ipv4,omitempty"`
 	OSType     string `json:"os_type,omitempty"`
 	SizeGB     int64  `json:"size_gb,omitempty"` // volumes, backups and images
+	// Name is the resource's name (an address's address), for the ledger:
+	// kept in a column of its own, so a rename opens no period and specs
+	// of one flavor still share their text.
+	Name string `json:"-"`
 }
 
 // ServerSpec is what a server of a flavor amounts to: its vCPUs, RAM and
@@ -88,9 +92,9 @@ func (p *Period) Open() bool { return p.End.IsZero() }
 // project (an image given to another project) starts a new period. Call it
 // inside the transaction that changes the resource.
 func Set(ctx context.Context, q store.Querier, kind, resource, project string, spec *Spec, at time.Time) error {
-	var id, raw, oldKind, oldProject string
-	err := q.QueryRow(ctx, "SELECT id, spec, kind, project_id FROM metering_periods WHERE resource_id = ? AND ended_at = ''",
-		resource).Scan(&id, &raw, &oldKind, &oldProject)
+	var id, raw, oldKind, oldProject, oldName string
+	err := q.QueryRow(ctx, "SELECT id, spec, kind, project_id, name FROM metering_periods WHERE resource_id = ? AND ended_at = ''",
+		resource).Scan(&id, &raw, &oldKind, &oldProject, &oldName)
 	switch {
 	case store.IsNoRows(err):
 		id = ""
@@ -98,7 +102,10 @@ func Set(ctx context.Context, q store.Querier, kind, resource, project string, s
 		return err
 	}
 	if id != "" && spec != nil && raw == store.JSON(spec) && oldKind == kind && oldProject == project {
-		return nil
+		if spec.Name != oldName {
+			_, err = q.Exec(ctx, "UPDATE metering_periods SET name = ? WHERE id = ?", spec.Name, id)
+		}
+		return err
 	}
 	now := store.FormatTime(at)
 	if id != "" {
@@ -109,8 +116,8 @@ func Set(ctx context.Context, q store.Querier, kind, resource, project string, s
 	if spec == nil {
 		return nil
 	}
-	_, err = q.Exec(ctx, `INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at)
- VALUES (?, ?, ?, ?, ?, ?, '', ?)`, uuid.Must(uuid.NewV7()).String(), resource, kind, project, store.JSON(spec), now, now)
+	_, err = q.Exec(ctx, `INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at, name)
+ VALUES (?, ?, ?, ?, ?, ?, '', ?, ?)`, uuid.Must(uuid.NewV7()).String(), resource, kind, project, store.JSON(spec), now, now, spec.Name)
 	return err
 }
 
@@ -139,15 +146,15 @@ func OpenMany(ctx context.Context, q store.Querier, openings []Opening) error {
 		part := openings[:min(per, len(openings))]
 		openings = openings[len(part):]
 		var b strings.Builder
-		b.WriteString("INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at) VALUES ")
-		args := make([]any, 0, 7*len(part))
+		b.WriteString("INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at, name) VALUES ")
+		args := make([]any, 0, 8*len(part))
 		for i, o := range part {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString("(?, ?, ?, ?, ?, ?, '', ?)")
+			b.WriteString("(?, ?, ?, ?, ?, ?, '', ?, ?)")
 			at := store.FormatTime(o.At)
-			args = append(args, uuid.Must(uuid.NewV7()).String(), o.Resource, o.Kind, o.Project, store.JSON(o.Spec), at, at)
+			args = append(args, uuid.Must(uuid.NewV7()).String(), o.Resource, o.Kind, o.Project, store.JSON(o.Spec), at, at, o.Spec.Name)
 		}
 		if _, err := q.Exec(ctx, b.String(), args...); err != nil {
 			return err
@@ -163,8 +170,8 @@ func Scan(sc interface{ Scan(...any) error }, p *Period) error { return ScanCach
 // the results in cache (nil: none): a charging pass reads 100,000 periods
 // of a handful of flavors.
 func ScanCached(sc interface{ Scan(...any) error }, p *Period, cache map[string]Spec) error {
-	var start, end, changed string
-	if err := sc.Scan(&p.ID, &p.ResourceID, &p.Kind, &p.ProjectID, &p.SpecText, &start, &end, &changed); err != nil {
+	var start, end, changed, name string
+	if err := sc.Scan(&p.ID, &p.ResourceID, &p.Kind, &p.ProjectID, &p.SpecText, &start, &end, &changed, &name); err != nil {
 		return err
 	}
 	if sp, ok := cache[p.SpecText]; ok {
@@ -178,12 +185,13 @@ func ScanCached(sc interface{ Scan(...any) error }, p *Period, cache map[string]
 			cache[p.SpecText] = p.Spec
 		}
 	}
+	p.Spec.Name = name
 	p.Start, p.End, p.Changed = store.ParseTime(start), store.ParseTime(end), store.ParseTime(changed)
 	return nil
 }
 
 // Columns are the columns Scan reads, in order.
-const Columns = "id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at"
+const Columns = "id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at, name"
 
 // Hours is the range of started hours a period covers, as hour starts:
 // from the hour it started in to the hour its last instant is in (a period

@@ -93,7 +93,7 @@ func insertFIP(ctx context.Context, q store.Querier, f *fipRow) error {
 	if f.ServerID != nil {
 		return nil
 	}
-	return metering.Set(ctx, q, metering.KindPublicIP, f.ID, f.ProjectID, &metering.Spec{PublicIPv4: true}, time.Now())
+	return metering.Set(ctx, q, metering.KindPublicIP, f.ID, f.ProjectID, &metering.Spec{PublicIPv4: true, Name: f.Address}, time.Now())
 }
 
 // MeterServerAddresses records, in q, who pays for the public addresses
@@ -109,7 +109,7 @@ func (s *Service) MeterServerAddresses(ctx context.Context, q store.Querier, ser
 	for _, f := range fips {
 		var spec *metering.Spec
 		if !serverPays {
-			spec = &metering.Spec{PublicIPv4: true}
+			spec = &metering.Spec{PublicIPv4: true, Name: f.Address}
 		}
 		if err := metering.Set(ctx, q, metering.KindPublicIP, f.ID, f.ProjectID, spec, time.Now()); err != nil {
 			return err

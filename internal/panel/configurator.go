@@ -307,18 +307,18 @@ func (p *Panel) memberProblems(q *req, c choice, quote *billing.Quote) []string 
 		over("maxTotalCores", "totalCoresUsed", c.Quantity*c.VCPUs, "vCPUs")
 		over("maxTotalRAMSize", "totalRAMUsed", c.Quantity*c.RAMGB*1024, "MB of RAM")
 	}
-	var acct struct {
-		Account billing.Account `json:"account"`
+	// Money: billing's own rule, the one the API applies to the order
+	// (its coverage of the quote), shown in the panel's words.
+	var cov struct {
+		Quote struct {
+			Coverage *billing.Coverage `json:"coverage"`
+		} `json:"quote"`
 	}
-	if err := q.api.Get(ctx, Billing, "/v1/account", &acct); err == nil && quote != nil {
-		a := acct.Account
-		need := quote.Hourly
-		if quote.Tariff == billing.TariffPrepaid {
-			need = quote.Total
-		}
-		if a.Balance+a.CreditLimit < need {
-			out = append(out, q.T("Your balance and credit (%s) do not cover %s: top up first.",
-				p.cfg.Money.Format(a.Balance+a.CreditLimit), p.cfg.Money.Format(need)))
+	if quote != nil {
+		if err := q.api.Post(ctx, Billing, "/v1/quotes", c.quoteBody(), &cov); err == nil && cov.Quote.Coverage != nil && !cov.Quote.Coverage.Covered {
+			cv := cov.Quote.Coverage
+			out = append(out, q.T("Your balance and credit, less what the hour now running owes (%s), do not cover %s: top up first.",
+				p.cfg.Money.Format(cv.Available), p.cfg.Money.Format(cv.Needed)))
 		}
 	}
 	return out

@@ -142,7 +142,7 @@ func invalidBackup(format string, args ...any) *api.Error {
 func meterBackup(ctx context.Context, q store.Querier, b *bkRow, at time.Time) error {
 	var spec *metering.Spec
 	if backupBillable(b.Status) {
-		spec = &metering.Spec{SizeGB: b.Size}
+		spec = &metering.Spec{SizeGB: b.Size, Name: deref(b.Name)}
 	}
 	return metering.Set(ctx, q, metering.KindBackup, b.ID, b.ProjectID, spec, at)
 }

@@ -151,7 +151,7 @@ func (s *Service) meter(ctx context.Context, q store.Querier, v *volRow, at time
 	if !billable(v.Status) || size <= 0 {
 		return metering.Set(ctx, q, metering.KindVolume, v.ID, v.ProjectID, nil, at)
 	}
-	return metering.Set(ctx, q, metering.KindVolume, v.ID, v.ProjectID, &metering.Spec{SizeGB: size}, at)
+	return metering.Set(ctx, q, metering.KindVolume, v.ID, v.ProjectID, &metering.Spec{SizeGB: size, Name: deref(v.Name)}, at)
 }
 
 // setStatus moves a volume to status in q and meters it, when its status

@@ -141,7 +141,7 @@ func ownedSnap(ctx context.Context, q store.Querier, c *api.Caller, id string) (
 func meterSnap(ctx context.Context, q store.Querier, sn *snapRow, at time.Time) error {
 	var spec *metering.Spec
 	if snapBillable(sn.Status) {
-		spec = &metering.Spec{SizeGB: sn.Size}
+		spec = &metering.Spec{SizeGB: sn.Size, Name: deref(sn.Name)}
 	}
 	return metering.Set(ctx, q, metering.KindSnapshot, sn.ID, sn.ProjectID, spec, at)
 }
