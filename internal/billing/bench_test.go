@@ -79,3 +79,31 @@ func BenchmarkChargeHour(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCover is the spending gate a server create asks, for a project
+// that already runs servers (1, 100 or 2,000) started this hour, none of
+// them charged yet: the funds are the balance and credit less what the
+// hour now running owes, so the gate prices the project's open periods.
+func BenchmarkCover(b *testing.B) {
+	for _, e := range storetest.Engines(b) {
+		for _, n := range []int{1, 100, 2000} {
+			b.Run(fmt.Sprintf("%s/%d-servers", e.Name, n), func(b *testing.B) {
+				db := openDB(b, e.URL)
+				now := time.Now().UTC()
+				svs := make([]testServer, n)
+				for i := range svs {
+					svs[i] = stdServer(uuid.NewString(), "busy", now)
+				}
+				insertServers(b, db, svs)
+				s := New(db, Config{DefaultCreditLimit: MaxAmount})
+				spec := svs[0].spec()
+				b.ResetTimer()
+				for b.Loop() {
+					if _, err := s.Cover(context.Background(), "busy", "server", spec, 1, 1); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -3,6 +3,7 @@ package billing
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"nimbus/internal/api"
 	"nimbus/internal/metering"
@@ -98,23 +99,68 @@ func (s *Service) Funds(ctx context.Context, project string) (Funds, error) {
 	if err != nil {
 		return Funds{}, err
 	}
-	// Balance and credit limit are bounded by MaxBalance and MaxAmount,
-	// the accrual by the prices: their sum fits.
-	return Funds{Available: f.Balance + f.CreditLimit - acc.Amount, Balance: f.Balance, Credit: f.CreditLimit,
-		Accruing: acc.Amount}, nil
+	return fundsOf(f, acc.Amount), nil
+}
+
+// fundsOf is an account's funds with what the hour now running owes.
+// Balance and credit limit are bounded by MaxBalance and MaxAmount, the
+// accrual by the prices: their sum fits.
+func fundsOf(f funds, owed int64) Funds {
+	return Funds{Available: f.Balance + f.CreditLimit - owed, Balance: f.Balance, Credit: f.CreditLimit, Accruing: owed}
 }
 
 // cover answers what is left of project's funds after need, or a 403
-// saying what is missing.
+// saying what is missing. It first bounds what the hour now running owes
+// from above — every period touching it at its full price, none netted
+// out for charges or terms, in one grouped query — and prices the hour
+// exactly (Accruing, which reads each period) only when that bound would
+// refuse: a create in a busy account costs one aggregate, not a pass.
 func (s *Service) cover(ctx context.Context, project string, need int64) (int64, error) {
-	f, err := s.Funds(ctx, project)
+	f, err := s.funds(ctx, s.db, project)
 	if err != nil {
 		return 0, err
 	}
-	if f.Available >= need {
-		return f.Available - need, nil
+	if bound, err := s.owedAtMost(ctx, project); err != nil {
+		return 0, err
+	} else if fb := fundsOf(f, bound); fb.Available >= need {
+		return fb.Available - need, nil
 	}
-	return 0, s.refusal(project, f, need)
+	acc, err := s.Accruing(ctx, project)
+	if err != nil {
+		return 0, err
+	}
+	fe := fundsOf(f, acc.Amount)
+	if fe.Available < need {
+		return 0, s.refusal(project, fe, need)
+	}
+	return fe.Available - need, nil
+}
+
+// owedAtMost is an upper bound of what project's hour now running owes:
+// the price of every period touching it, summed (Accruing charges each
+// resource once, at its dearest period, less terms and what the ledger
+// has). Overflow answers the largest amount, so the exact price decides.
+func (s *Service) owedAtMost(ctx context.Context, project string) (int64, error) {
+	groups, err := metering.Touching(ctx, s.db, project, s.cfg.Now().UTC().Truncate(time.Hour))
+	if err != nil || len(groups) == 0 {
+		return 0, err
+	}
+	p, err := loadPrices(ctx, s.db)
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	for _, g := range groups {
+		each, _ := p.HourlyOf(g.Kind, g.Spec, s.cfg.Currency, s.cfg.HoursPerMonth)
+		part, err := mulMoney(each, g.Count)
+		if err == nil {
+			sum, err = addMoney(sum, part)
+		}
+		if err != nil {
+			return MaxAmount, nil
+		}
+	}
+	return sum, nil
 }
 
 // refusal is the gate's 403: what the request's first hour costs, what

@@ -10,6 +10,23 @@
 // opens a new one when the resource's Spec changes (a resize), closes it
 // when the resource stops being billable (shelve, delete), and opens one
 // when it becomes billable again (unshelve).
+//
+// What each resource pays — the one rule, which billing prices (its Quote)
+// and the owners follow when they open periods:
+//   - a server, from placement to shelve or delete (stopped or not): its
+//     flavor's vCPUs, RAM, disk (not a boot volume of its own), GPUs,
+//     public IPv4 and the Windows licence of the image it boots;
+//   - what the flavor gave the server is paid with the server while the
+//     server is billed, and on its own only while it is not (shelved):
+//     its public address as a public IPv4, a network-disk flavor's root
+//     volume as a volume (and what it grew past the flavor's disk,
+//     always);
+//   - a floating IP of the customer's own, from allocation to release;
+//   - volumes, volume snapshots, backups and stored images, per GB, from
+//     creation to deletion.
+//
+// Each started hour is charged in full, at the largest price a resource
+// had in it (billing's charging pass).
 package metering
 
 import (
@@ -298,6 +315,53 @@ func Page(ctx context.Context, q store.Querier, afterResource, afterID string, f
 	args := append([]any{afterResource, afterID}, overlapArgs(from, to)...)
 	return readPeriods(ctx, q, cache, "SELECT "+Columns+" FROM metering_periods WHERE (resource_id, id) > (?, ?) AND "+overlaps+
 		" ORDER BY resource_id, id LIMIT ?", append(args, limit)...)
+}
+
+// Group is how many of a project's periods have one kind and spec.
+type Group struct {
+	Kind  string
+	Spec  Spec
+	Count int64
+}
+
+// Touching counts project's periods that touch the hour starting at hour
+// (open, or ended after it began) by kind and spec: it reads no history,
+// only indexes (0058: the open periods in GROUP BY order, the ended ones
+// by their end), and the project's resources share a handful of specs,
+// each decoded once. A spec may come twice, once open and once ended.
+func Touching(ctx context.Context, q store.Querier, project string, hour time.Time) ([]Group, error) {
+	var out []Group
+	for _, part := range []struct {
+		where string
+		args  []any
+	}{
+		{"ended_at = ''", nil},
+		{"ended_at > ?", []any{store.FormatTime(hour)}},
+	} {
+		rows, err := q.Query(ctx, "SELECT kind, spec, COUNT(*) FROM metering_periods WHERE project_id = ? AND "+part.where+
+			" GROUP BY kind, spec", append([]any{project}, part.args...)...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var g Group
+			var raw string
+			if err := rows.Scan(&g.Kind, &raw, &g.Count); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			if err := store.FromJSON(raw, &g.Spec); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out = append(out, g)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // Current reads resource's open period; store.IsNoRows(err) when it has
