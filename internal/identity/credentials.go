@@ -13,9 +13,10 @@ import (
 // Keystone's credentials (keystone/api/credentials.py): secrets a user keeps
 // in identity by type. Identity reads those of type "totp" to check
 // passcodes. A credential is its owner's: a user makes, reads, changes and
-// deletes their own; an admin may list, read and delete anyone's, but the
-// blob of another user's TOTP credential (a second factor's secret) is
-// shown to no one but its owner.
+// deletes their own (not with a restricted application credential's
+// token); an admin may list, read and delete anyone's, but the blob of
+// another user's TOTP credential (a second factor's secret) is shown to no
+// one but its owner.
 
 const (
 	credTOTP = "totp"
@@ -137,7 +138,24 @@ func credentialProject(r *http.Request, q store.Querier, ownerID, id string) err
 	return err
 }
 
+// unrestricted refuses the token of a restricted application credential,
+// as Keystone refuses it for managing application credentials: a leaked
+// one must not be able to add a second factor of its holder's choosing.
+func (s *Service) unrestricted(r *http.Request) error {
+	t, err := s.callerToken(r)
+	if err != nil {
+		return err
+	}
+	if t.AppCred != nil && !t.AppCred.Unrestricted {
+		return forbidden("Using method 'application_credential' is not allowed for managing credentials")
+	}
+	return nil
+}
+
 func (s *Service) createCredential(r *http.Request) (*api.Response, error) {
+	if err := s.unrestricted(r); err != nil {
+		return nil, err
+	}
 	var req credentialRequest
 	if err := decodeEntity(r, "credential", &req); err != nil {
 		return nil, err
@@ -225,6 +243,9 @@ func (s *Service) getCredential(r *http.Request) (*api.Response, error) {
 // never changes: moving a credential to another user is how Keystone's
 // OSSA-2020-005 let one user's TOTP secret sign in as another.
 func (s *Service) updateCredential(r *http.Request) (*api.Response, error) {
+	if err := s.unrestricted(r); err != nil {
+		return nil, err
+	}
 	var req credentialRequest
 	if err := decodeEntity(r, "credential", &req); err != nil {
 		return nil, err
@@ -259,6 +280,9 @@ func (s *Service) updateCredential(r *http.Request) (*api.Response, error) {
 }
 
 func (s *Service) deleteCredential(r *http.Request) (*api.Response, error) {
+	if err := s.unrestricted(r); err != nil {
+		return nil, err
+	}
 	ctx := r.Context()
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
 		c, err := s.findCredential(r, tx)

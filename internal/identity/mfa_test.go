@@ -438,6 +438,16 @@ func TestCredentialsAPI(t *testing.T) {
 	}
 	c.expect(t, http.StatusNoContent, hc, "DELETE", "/credentials/"+id, admin, "")
 	c.expect(t, http.StatusNotFound, hc, "GET", "/credentials/"+id, miaTok, "")
+	// A restricted application credential's token may not change the
+	// user's credentials: a leaked one must not add a second factor of its
+	// holder's choosing.
+	_, m = c.expect(t, http.StatusCreated, hc, "POST", "/users/"+mia+"/application_credentials", miaTok, `{"application_credential":{"name":"ro"}}`)
+	resp, _ := c.expect(t, http.StatusCreated, hc, "POST", "/auth/tokens", "",
+		appCredAuth(str(m, "application_credential", "id"), str(m, "application_credential", "secret")))
+	acTok := resp.Header.Get("X-Subject-Token")
+	if resp, m := create(acTok, `{"credential":{"type":"totp","user_id":"`+mia+`","blob":"`+secret("eve")+`"}}`); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a restricted application credential adds a TOTP credential: %d %v", resp.StatusCode, m)
+	}
 	// At most 20 per user.
 	for i := range 20 {
 		resp, _ := create(miaTok, `{"credential":{"type":"cert","user_id":"`+mia+`","blob":"b`+strconv.Itoa(i)+`"}}`)
