@@ -90,6 +90,7 @@ func checkServeFlags(cfg *cloud.Config) error {
 		{id.TokenBurst < 0, "--token-burst", notNegative},
 		{id.MaxTokensPerUser < 0, "--max-tokens-per-user", notNegative},
 		{id.PasswordHashes < 0, "--password-hashes", notNegative},
+		{id.ReceiptsPerAddress < 0, "--receipts-per-ip", notNegative},
 		{cfg.HTTP.MaxConnsPerIP < 0, "--max-conns-per-ip", notNegative},
 		{b.MinTopup < 1, "--billing-min-topup", positive},
 		{b.MaxTopup < b.MinTopup, "--billing-max-topup", "must be at least --billing-min-topup"},
@@ -145,6 +146,7 @@ func serve(args []string) error {
 	fs.IntVar(&cfg.Identity.TokenBurst, "token-burst", cfg.Identity.TokenBurst, "tokens one user may be issued at once beyond --token-rate")
 	fs.IntVar(&cfg.Identity.MaxTokensPerUser, "max-tokens-per-user", cfg.Identity.MaxTokensPerUser, "live tokens per user; a new one revokes the oldest (0: no limit)")
 	fs.IntVar(&cfg.Identity.PasswordHashes, "password-hashes", 0, "password hashes computed at once, 19 MiB each (0: one per CPU)")
+	fs.IntVar(&cfg.Identity.ReceiptsPerAddress, "receipts-per-ip", cfg.Identity.ReceiptsPerAddress, "sign-ins from one client address waiting for a second factor at once; more get 429 (0: no limit)")
 	fs.DurationVar(&cfg.HTTP.BodyGrace, "body-timeout", cfg.HTTP.BodyGrace, "time any request body may take, plus its size at --min-body-rate")
 	fs.Int64Var(&cfg.HTTP.MinBodyRate, "min-body-rate", cfg.HTTP.MinBodyRate, "slowest request body accepted beyond --body-timeout, in bytes per second")
 	fs.DurationVar(&cfg.HTTP.WriteTimeout, "write-timeout", cfg.HTTP.WriteTimeout, "time to handle a request and send its response (not image data, agents or the console)")

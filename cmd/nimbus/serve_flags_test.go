@@ -41,6 +41,7 @@ func TestCheckServeFlags(t *testing.T) {
 		{"--token-burst", func(c *cloud.Config) { c.Identity.TokenBurst = -1 }},
 		{"--max-tokens-per-user", func(c *cloud.Config) { c.Identity.MaxTokensPerUser = -1 }},
 		{"--password-hashes", func(c *cloud.Config) { c.Identity.PasswordHashes = -1 }},
+		{"--receipts-per-ip", func(c *cloud.Config) { c.Identity.ReceiptsPerAddress = -1 }},
 		{"--max-conns-per-ip", func(c *cloud.Config) { c.HTTP.MaxConnsPerIP = -1 }},
 		{"--billing-min-topup", func(c *cloud.Config) { c.Billing.MinTopup = 0 }},
 		{"--billing-max-topup", func(c *cloud.Config) { c.Billing.MaxTopup = 9999 }},

@@ -26,6 +26,7 @@ func (s *Service) Routes() []api.Route {
 		{Pattern: "GET /v3/auth/domains", Handler: s.authDomains},
 	}
 	routes = append(routes, s.appCredRoutes()...)
+	routes = append(routes, s.credentialRoutes()...)
 	return append(routes, s.adminRoutes()...)
 }
 
@@ -66,6 +67,14 @@ type authRequest struct {
 				ID string `json:"id"`
 			} `json:"token"`
 			ApplicationCredential *appCredAuth `json:"application_credential"`
+			TOTP                  *struct {
+				User struct {
+					ID       string     `json:"id"`
+					Name     string     `json:"name"`
+					Passcode string     `json:"passcode"`
+					Domain   *domainRef `json:"domain"`
+				} `json:"user"`
+			} `json:"totp"`
 		} `json:"identity"`
 		Scope json.RawMessage `json:"scope"`
 	} `json:"auth"`
@@ -86,76 +95,35 @@ type scopeRequest struct {
 	System any        `json:"system"`
 }
 
+// authn is what the methods of a token request proved.
+type authn struct {
+	user    *User
+	methods []string // the methods that succeeded, with those they carry
+	auditID string
+	expires time.Time
+	inherit string // project of the token being re-scoped
+	appCred *AppCred
+	receipt *receipt
+}
+
 func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 	var req authRequest
 	if err := api.DecodeJSON(r, &req); err != nil {
 		return nil, err
 	}
-	ctx := r.Context()
-	id := req.Auth.Identity
-	if len(id.Methods) == 0 {
+	if len(req.Auth.Identity.Methods) == 0 {
 		return nil, api.BadRequest("Expecting to find identity in auth. The server could not comply with the request since it is either malformed or otherwise incorrect. The client is assumed to be in error.")
 	}
-	var (
-		oldMethods []string
-		user       *User
-		auditID    string
-		expires    time.Time
-		inherit    string // project of the token being re-scoped
-		appCred    *AppCred
-		hasScope   = len(req.Auth.Scope) > 0 && string(req.Auth.Scope) != "null"
-	)
-	switch {
-	case slices.Contains(id.Methods, "password"):
-		if id.Password == nil {
-			return nil, api.BadRequest("Expecting to find password in identity.")
-		}
-		pu := id.Password.User
-		if pu.ID == "" && pu.Name == "" {
-			return nil, api.BadRequest("Expecting to find id or name in user.")
-		}
-		find := func() (*User, error) {
-			if pu.ID != "" {
-				return GetUser(ctx, s.db, pu.ID)
-			}
-			d, err := s.resolveDomain(r, pu.Domain)
-			if err != nil {
-				return nil, err
-			}
-			return getUserByName(ctx, s.db, d.ID, pu.Name)
-		}
-		var err error
-		if user, err = s.passwordLogin(ctx, api.ClientAddress(r), find, pu.Password); err != nil {
-			return nil, err
-		}
-	case slices.Contains(id.Methods, "token"):
-		if id.Token == nil || id.Token.ID == "" {
-			return nil, api.BadRequest("Expecting to find token in identity.")
-		}
-		old, err := s.load(ctx, id.Token.ID)
-		if err != nil {
-			if errors.Is(err, errTokenNotFound) {
-				return nil, api.Unauthorized()
-			}
-			return nil, err
-		}
-		// A re-scoped token keeps the original's audit chain, expiry and
-		// methods (keystone/auth/core.py AuthInfo: method_names extend).
-		user, auditID, expires, inherit = old.User, old.AuditID, old.ExpiresAt, old.ProjectID
-		oldMethods, appCred = old.Methods, old.AppCred
-	case slices.Contains(id.Methods, "application_credential"):
-		if hasScope {
-			return nil, errAppCredScope()
-		}
-		var err error
-		if appCred, user, err = s.appCredLogin(r, id.ApplicationCredential); err != nil {
-			return nil, err
-		}
-		expires = appCred.ExpiresAt
-	default:
-		return nil, api.Unauthorized()
+	hasScope := len(req.Auth.Scope) > 0 && string(req.Auth.Scope) != "null"
+	a, err := s.authenticate(r, &req, hasScope)
+	if rr, ok := asReceipt(err); ok {
+		return receiptResponse(rr), nil
 	}
-
+	if err != nil {
+		return nil, err
+	}
+	ctx := r.Context()
+	user, appCred := a.user, a.appCred
 	projectID := ""
 	if hasScope {
 		var scope scopeRequest
@@ -174,8 +142,8 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 			// by project roles only.
 			return nil, api.Unauthorized()
 		}
-	} else if inherit != "" {
-		projectID = inherit
+	} else if a.inherit != "" {
+		projectID = a.inherit
 	} else if user.DefaultProjectID != "" {
 		// Keystone scopes a token without scope to the default project when
 		// the user has a role on it.
@@ -204,21 +172,18 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 			return nil, api.Unauthorized()
 		}
 	}
-	methods := slices.Clone(id.Methods)
-	for _, m := range oldMethods {
-		if !slices.Contains(methods, m) {
-			methods = append(methods, m)
-		}
-	}
 	if err := s.allowIssue(user.ID); err != nil {
 		return nil, err
 	}
-	t := &Token{UserID: user.ID, ProjectID: projectID, Methods: methods, AuditID: auditID, ExpiresAt: expires}
+	t := &Token{UserID: user.ID, ProjectID: projectID, Methods: a.methods, AuditID: a.auditID, ExpiresAt: a.expires}
 	if appCred != nil {
 		t.AppCredID = appCred.ID
 	}
-	t, err := s.issueToken(ctx, t)
+	t, err = s.issueToken(ctx, t)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.spendReceipt(ctx, a.receipt); err != nil {
 		return nil, err
 	}
 	info, err := s.load(ctx, t.ID)
@@ -232,6 +197,135 @@ func (s *Service) createToken(r *http.Request) (*api.Response, error) {
 	_, nocatalog := r.URL.Query()["nocatalog"]
 	return api.JSON(http.StatusCreated, s.tokenBody(info, !nocatalog)).
 		WithHeader("X-Subject-Token", t.ID).WithHeader("Vary", "X-Auth-Token"), nil
+}
+
+// authenticate runs the methods of a token request: one first factor
+// (password, token or application credential), a passcode (totp), and the
+// receipt in Openstack-Auth-Receipt, as Keystone's authenticate_for_token
+// does; then the user's MFA rules, which may answer *ReceiptRequired.
+func (s *Service) authenticate(r *http.Request, req *authRequest, hasScope bool) (*authn, error) {
+	ctx, addr := r.Context(), api.ClientAddress(r)
+	id := req.Auth.Identity
+	var rc *receipt
+	if h := r.Header.Get(ReceiptHeader); h != "" {
+		var err error
+		if rc, err = s.loadReceipt(ctx, h); err != nil {
+			return nil, err
+		}
+	}
+	a, err := s.firstFactor(r, req, hasScope)
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(id.Methods, "totp") {
+		if id.TOTP == nil {
+			return nil, api.BadRequest("Expecting to find totp in identity.")
+		}
+		tu := id.TOTP.User
+		u, err := s.totpUser(r, tu.ID, tu.Name, tu.Domain)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case a != nil && a.user.ID != u.ID:
+			return nil, api.Unauthorized()
+		case a == nil && (rc == nil || rc.userID != u.ID):
+			// A passcode alone proves nothing: it is checked only after
+			// a first factor, in this request or the receipt's.
+			return nil, api.Unauthorized()
+		}
+		if err := s.totpFactor(ctx, addr, u, tu.Passcode, rc); err != nil {
+			return nil, err
+		}
+		if a == nil {
+			a = &authn{user: u}
+		}
+		a.methods = append(a.methods, "totp")
+	}
+	if a == nil {
+		return nil, api.Unauthorized()
+	}
+	a.receipt = rc
+	if a.methods, err = s.applyRules(ctx, addr, a.user, a.methods, rc); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// firstFactor runs the request's first factor; nil when it names none.
+func (s *Service) firstFactor(r *http.Request, req *authRequest, hasScope bool) (*authn, error) {
+	ctx := r.Context()
+	id := req.Auth.Identity
+	switch {
+	case slices.Contains(id.Methods, "password"):
+		if id.Password == nil {
+			return nil, api.BadRequest("Expecting to find password in identity.")
+		}
+		pu := id.Password.User
+		if pu.ID == "" && pu.Name == "" {
+			return nil, api.BadRequest("Expecting to find id or name in user.")
+		}
+		find := func() (*User, error) { return s.findAuthUser(r, pu.ID, pu.Name, pu.Domain) }
+		user, err := s.passwordLogin(ctx, api.ClientAddress(r), find, pu.Password)
+		if err != nil {
+			return nil, err
+		}
+		return &authn{user: user, methods: []string{"password"}}, nil
+	case slices.Contains(id.Methods, "token"):
+		if id.Token == nil || id.Token.ID == "" {
+			return nil, api.BadRequest("Expecting to find token in identity.")
+		}
+		old, err := s.load(ctx, id.Token.ID)
+		if err != nil {
+			if errors.Is(err, errTokenNotFound) {
+				return nil, api.Unauthorized()
+			}
+			return nil, err
+		}
+		// A re-scoped token keeps the original's audit chain, expiry and
+		// methods (keystone/auth/core.py AuthInfo: method_names extend).
+		return &authn{user: old.User, methods: union([]string{"token"}, old.Methods), auditID: old.AuditID,
+			expires: old.ExpiresAt, inherit: old.ProjectID, appCred: old.AppCred}, nil
+	case slices.Contains(id.Methods, "application_credential"):
+		if hasScope {
+			return nil, errAppCredScope()
+		}
+		appCred, user, err := s.appCredLogin(r, id.ApplicationCredential)
+		if err != nil {
+			return nil, err
+		}
+		return &authn{user: user, methods: []string{"application_credential"}, appCred: appCred, expires: appCred.ExpiresAt}, nil
+	}
+	return nil, nil
+}
+
+// findAuthUser is the user an auth method names: by id, or by name and
+// domain.
+func (s *Service) findAuthUser(r *http.Request, id, name string, domain *domainRef) (*User, error) {
+	if id != "" {
+		return GetUser(r.Context(), s.db, id)
+	}
+	d, err := s.resolveDomain(r, domain)
+	if err != nil {
+		return nil, err
+	}
+	return getUserByName(r.Context(), s.db, d.ID, name)
+}
+
+// totpUser is the enabled user the totp method names; anything else is
+// 401.
+func (s *Service) totpUser(r *http.Request, id, name string, domain *domainRef) (*User, error) {
+	if id == "" && name == "" {
+		return nil, api.BadRequest("Expecting to find id or name in user.")
+	}
+	u, err := s.findAuthUser(r, id, name, domain)
+	if err != nil && !errors.Is(err, store.ErrNotFound) && !isAPIError(err) {
+		return nil, err
+	}
+	if err != nil || !u.Enabled {
+		return nil, api.Unauthorized()
+	}
+	return u, nil
 }
 
 func isAPIError(err error) bool {

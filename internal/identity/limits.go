@@ -37,6 +37,10 @@ type Limits struct {
 	// PasswordHashes bounds concurrent argon2id computations, each 19 MiB
 	// (0: one per CPU).
 	PasswordHashes int
+	// ReceiptsPerAddress bounds the auth receipts (sign-ins waiting for a
+	// second factor) live at once for one client address; more wait for
+	// one to expire (0: no limit). Each user holds at most three anyway.
+	ReceiptsPerAddress int
 }
 
 // DefaultLimits are generous enough for Tempest and the openstack CLI, which
@@ -45,6 +49,7 @@ var DefaultLimits = Limits{
 	LockoutFailureAttempts: 10, LockoutDuration: 15 * time.Minute,
 	LoginFailuresPerAddress: 50, LoginFailureWindow: 5 * time.Minute,
 	TokenRate: 10, TokenBurst: 50, MaxTokensPerUser: 1000,
+	ReceiptsPerAddress: 50,
 }
 
 // maxTracked bounds the addresses and users the in-memory limiters keep; the

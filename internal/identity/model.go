@@ -42,6 +42,8 @@ type User struct {
 	// Extra holds the attributes Keystone has no column for, returned as
 	// top-level fields.
 	Extra map[string]any
+	// Options are Keystone's user options Nimbus implements (mfa.go).
+	Options UserOptions
 }
 
 // Role is a Keystone role.
@@ -209,19 +211,22 @@ func updateProject(ctx context.Context, tx *store.Tx, p *Project) error {
 
 // --- users
 
-const userCols = "id, name, domain_id, password_hash, enabled, email, description, default_project_id, created_at, extra"
+const userCols = "id, name, domain_id, password_hash, enabled, email, description, default_project_id, created_at, extra, options"
 
 func scanUser(s scanner) (*User, error) {
 	var u User
 	var enabled int
-	var created, extra string
+	var created, extra, options string
 	if err := s.Scan(&u.ID, &u.Name, &u.DomainID, &u.PasswordHash, &enabled, &u.Email, &u.Description,
-		&u.DefaultProjectID, &created, &extra); err != nil {
+		&u.DefaultProjectID, &created, &extra, &options); err != nil {
 		return nil, found(err)
 	}
 	u.Enabled = enabled == 1
 	u.CreatedAt = store.ParseTime(created)
 	if err := store.FromJSON(extra, &u.Extra); err != nil {
+		return nil, err
+	}
+	if err := store.FromJSON(options, &u.Options); err != nil {
 		return nil, err
 	}
 	return &u, nil
@@ -242,16 +247,17 @@ func listUsers(ctx context.Context, q store.Querier, where string, args ...any) 
 }
 
 func insertUser(ctx context.Context, tx *store.Tx, u *User) error {
-	_, err := tx.Exec(ctx, "INSERT INTO users ("+userCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+	_, err := tx.Exec(ctx, "INSERT INTO users ("+userCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 		u.ID, u.Name, u.DomainID, u.PasswordHash, b2i(u.Enabled), u.Email, u.Description, u.DefaultProjectID,
-		store.FormatTime(u.CreatedAt), extraJSON(u.Extra))
+		store.FormatTime(u.CreatedAt), extraJSON(u.Extra), store.JSON(u.Options))
 	return err
 }
 
 func updateUser(ctx context.Context, tx *store.Tx, u *User) error {
 	_, err := tx.Exec(ctx, `UPDATE users SET name = ?, password_hash = ?, enabled = ?, email = ?, description = ?,
-		default_project_id = ?, extra = ? WHERE id = ?`,
-		u.Name, u.PasswordHash, b2i(u.Enabled), u.Email, u.Description, u.DefaultProjectID, extraJSON(u.Extra), u.ID)
+		default_project_id = ?, extra = ?, options = ? WHERE id = ?`,
+		u.Name, u.PasswordHash, b2i(u.Enabled), u.Email, u.Description, u.DefaultProjectID, extraJSON(u.Extra),
+		store.JSON(u.Options), u.ID)
 	return err
 }
 

@@ -220,6 +220,12 @@ func (s *Service) Issue(ctx context.Context, user, password, project string) (st
 	if err != nil {
 		return "", err
 	}
+	// The user's MFA rules hold here too: one with a second factor gets
+	// its *ReceiptRequired.
+	methods, err := s.applyRules(ctx, "", u, []string{"password"}, nil)
+	if err != nil {
+		return "", err
+	}
 	p, err := getProjectByName(ctx, s.db, DefaultDomainID, project)
 	if err != nil {
 		return "", api.Unauthorized()
@@ -227,7 +233,7 @@ func (s *Service) Issue(ctx context.Context, user, password, project string) (st
 	if err := s.allowIssue(u.ID); err != nil {
 		return "", err
 	}
-	t, err := s.issue(ctx, u.ID, p.ID, []string{"password"}, "", time.Time{})
+	t, err := s.issue(ctx, u.ID, p.ID, methods, "", time.Time{})
 	if err != nil {
 		return "", err
 	}

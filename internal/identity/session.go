@@ -21,14 +21,48 @@ type Session struct {
 
 // Login checks a password for the panel exactly as POST /v3/auth/tokens
 // does (the per-address failure limit for addr, the browser's address; the
-// per-user lockout, password-check queue and token rate), and issues a
-// password token scoped to the user's default project, or else to the
-// first enabled project the user holds a role on (unscoped if none).
+// per-user lockout, password-check queue and token rate; the user's MFA
+// rules), and issues a password token scoped to the user's default
+// project, or else to the first enabled project the user holds a role on
+// (unscoped if none). When the rules want a second factor it answers a
+// *ReceiptRequired, to be completed with LoginPasscode.
 func (s *Service) Login(ctx context.Context, addr, userName, password string) (*Session, error) {
 	if len(password) > maxPassword {
 		return nil, api.Unauthorized()
 	}
 	u, err := s.passwordLogin(ctx, addr, func() (*User, error) { return s.UserByName(ctx, userName) }, password)
+	if err != nil {
+		return nil, err
+	}
+	return s.login(ctx, addr, u, []string{"password"}, nil)
+}
+
+// LoginPasscode completes a sign-in that Login answered with a receipt,
+// with a passcode, as POST /v3/auth/tokens does with the receipt in
+// Openstack-Auth-Receipt and the totp method. A receipt unknown, expired or
+// ended by wrong passcodes is ErrReceiptNotFound.
+func (s *Service) LoginPasscode(ctx context.Context, addr, receiptID, passcode string) (*Session, error) {
+	rc, err := s.loadReceipt(ctx, receiptID)
+	if err != nil {
+		return nil, err
+	}
+	u, err := GetUser(ctx, s.db, rc.userID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !u.Enabled) {
+		return nil, ErrReceiptNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.totpFactor(ctx, addr, u, passcode, rc); err != nil {
+		return nil, err
+	}
+	return s.login(ctx, addr, u, []string{"totp"}, rc)
+}
+
+// login applies u's rules to methods (with rc's) and issues the panel's
+// token.
+func (s *Service) login(ctx context.Context, addr string, u *User, methods []string, rc *receipt) (*Session, error) {
+	methods, err := s.applyRules(ctx, addr, u, methods, rc)
 	if err != nil {
 		return nil, err
 	}
@@ -39,8 +73,11 @@ func (s *Service) Login(ctx context.Context, addr, userName, password string) (*
 	if err := s.allowIssue(u.ID); err != nil {
 		return nil, err
 	}
-	t, err := s.issue(ctx, u.ID, projectID, []string{"password"}, "", time.Time{})
+	t, err := s.issue(ctx, u.ID, projectID, methods, "", time.Time{})
 	if err != nil {
+		return nil, err
+	}
+	if err := s.spendReceipt(ctx, rc); err != nil {
 		return nil, err
 	}
 	info, err := s.load(ctx, t.ID)

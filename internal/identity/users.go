@@ -18,7 +18,7 @@ import (
 func userBody(r *http.Request, u *User) map[string]any {
 	b := map[string]any{
 		"id": u.ID, "name": u.Name, "domain_id": u.DomainID, "enabled": u.Enabled,
-		"password_expires_at": nil, "options": map[string]any{},
+		"password_expires_at": nil, "options": u.Options,
 		"links": selfLink(r, "/v3/users/"+u.ID),
 	}
 	if u.Email != "" {
@@ -87,12 +87,15 @@ type userRequest struct {
 	Email            *string `json:"email"`
 	Description      *string `json:"description"`
 	DefaultProjectID *string `json:"default_project_id"`
+	// Options are Keystone's user options (mfa.go).
+	Options json.RawMessage `json:"options"`
 	// Extra is every other attribute, which Keystone keeps as given.
 	Extra map[string]any `json:"-"`
 }
 
 // userAttrs are the user attributes with a meaning of their own; the rest
-// are extra. "options" and "links" are Keystone's and not stored.
+// are extra. "links" and "password_expires_at" are Keystone's and not
+// stored.
 var userAttrs = []string{"id", "name", "domain_id", "password", "enabled", "email", "description",
 	"default_project_id", "options", "links", "password_expires_at"}
 
@@ -145,6 +148,9 @@ func (s *Service) createUser(r *http.Request) (*api.Response, error) {
 	setIf(&u.Description, req.Description)
 	setIf(&u.DefaultProjectID, req.DefaultProjectID)
 	u.Extra = req.Extra
+	if err := applyOptions(&u.Options, req.Options); err != nil {
+		return nil, err
+	}
 	// Hash outside the transaction: argon2id takes tens of milliseconds.
 	if req.Password != nil {
 		var err error
@@ -200,6 +206,9 @@ func (s *Service) updateUser(r *http.Request) (*api.Response, error) {
 		setIf(&u.Email, req.Email)
 		setIf(&u.Description, req.Description)
 		setIf(&u.DefaultProjectID, req.DefaultProjectID)
+		if err := applyOptions(&u.Options, req.Options); err != nil {
+			return err
+		}
 		for k, v := range req.Extra {
 			if u.Extra == nil {
 				u.Extra = map[string]any{}

@@ -37,11 +37,10 @@ const (
 	resetTTL    = time.Hour
 )
 
-// accountState is what the account pages keep in memory: rate limits and
-// sign-ins waiting for their second factor.
+// accountState is what the account pages keep in memory: rate limits.
+// (Sign-ins waiting for their second factor are identity's receipts.)
 type accountState struct {
 	byAddr, byEmail *rateLimit
-	pending         *pendingLogins
 }
 
 var accountStates sync.Map // *Panel → *accountState
@@ -53,7 +52,6 @@ func (p *Panel) acctState() *accountState {
 	v, _ := accountStates.LoadOrStore(p, &accountState{
 		byAddr:  newRateLimit(10, time.Hour),
 		byEmail: newRateLimit(3, time.Hour),
-		pending: &pendingLogins{m: map[string]*pendingLogin{}},
 	})
 	return v.(*accountState)
 }

@@ -1,74 +1,40 @@
 package panel
 
 import (
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha1"
 	"encoding/base32"
-	"encoding/binary"
-	"fmt"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
-	"time"
 
-	"nimbus/internal/store"
+	"nimbus/internal/api"
+	"nimbus/internal/identity"
 )
 
-// Two-factor sign-in with TOTP (RFC 6238: HMAC-SHA-1, 6 digits, 30 s
-// steps, one step of clock drift either way).
+// Two-factor sign-in is identity's (Keystone's TOTP credentials and MFA
+// rules): turning it on here makes the user a TOTP credential and the rules
+// identity.PanelTOTPRules, and signing in asks identity for the password,
+// then for the passcode with the auth receipt identity answered. So the
+// API's token issue and this sign-in ask for the same factors; the panel
+// keeps no secret and no pending sign-in of its own, only the receipt in a
+// cookie of the browser that proved the password.
 
 var b32 = base32.StdEncoding.WithPadding(base32.NoPadding)
-
-// totpCode is the code of secret at step.
-func totpCode(secret []byte, step int64) string {
-	mac := hmac.New(sha1.New, secret)
-	binary.Write(mac, binary.BigEndian, step)
-	sum := mac.Sum(nil)
-	off := sum[len(sum)-1] & 0x0f
-	n := binary.BigEndian.Uint32(sum[off:off+4]) & 0x7fffffff
-	return fmt.Sprintf("%06d", n%1_000_000)
-}
-
-// totpValid checks code against the secret (base32) at now, ±1 step.
-func totpValid(secret, code string, now time.Time) bool {
-	key, err := b32.DecodeString(secret)
-	code = strings.ReplaceAll(strings.TrimSpace(code), " ", "")
-	if err != nil || len(code) != 6 {
-		return false
-	}
-	step := now.Unix() / 30
-	for d := int64(-1); d <= 1; d++ {
-		if hmac.Equal([]byte(totpCode(key, step+d)), []byte(code)) {
-			return true
-		}
-	}
-	return false
-}
-
-// totpSecret is the user's enabled TOTP secret, "" if none.
-func (p *Panel) totpSecret(q *req, userID string) (string, error) {
-	var s string
-	err := p.cfg.DB.QueryRow(q.r.Context(), "SELECT totp_secret FROM panel_accounts WHERE user_id = ?", userID).Scan(&s)
-	if store.IsNoRows(err) {
-		return "", nil
-	}
-	return s, err
-}
 
 type securityData struct {
 	Enabled        bool
 	Secret, URI    string
 	Error, Message string
+	Next           string
 }
 
 func (p *Panel) securityPage(q *req) error {
-	secret, err := p.totpSecret(q, q.s.UserID)
+	on, err := p.cfg.Identity.TOTPEnabled(q.r.Context(), q.s.UserID)
 	if err != nil {
 		return err
 	}
-	d := securityData{Enabled: secret != ""}
+	d := securityData{Enabled: on}
 	if !d.Enabled {
 		d.Secret, d.URI = p.newTOTP(q)
 	}
@@ -88,134 +54,91 @@ func totpURI(user, secret string) string {
 		"&issuer=Nimbus&algorithm=SHA1&digits=6&period=30"
 }
 
-// securityChange enables TOTP (the form carries the secret shown and a code
-// made from it, proving the app has it) or disables it (with a current
-// code).
+// passcode is the code typed in a form, without the spaces apps show.
+func passcode(q *req) string {
+	return strings.ReplaceAll(strings.TrimSpace(q.r.PostForm.Get("code")), " ", "")
+}
+
+// securityChange turns two-factor sign-in on (the form carries the secret
+// shown and a code made from it, proving the app has it) or off (with a
+// current code), through identity.
 func (p *Panel) securityChange(q *req) error {
 	f, ctx := q.r.PostForm, q.r.Context()
-	current, err := p.totpSecret(q, q.s.UserID)
-	if err != nil {
-		return err
-	}
+	var err error
+	d := securityData{}
 	switch f.Get("action") {
 	case "enable":
 		secret := f.Get("secret")
-		if current != "" || !totpValid(secret, f.Get("code"), p.cfg.Now()) {
-			d := securityData{Secret: secret, URI: totpURI(q.s.UserName, secret),
-				Error: q.T("The code is wrong. Enter the code the app shows now.")}
-			return q.renderStatus(http.StatusBadRequest, "security", q.T("Two-factor sign-in"), d)
-		}
-		err = p.setTOTP(q, secret)
+		err = p.cfg.Identity.EnableTOTP(ctx, q.s.UserID, secret, passcode(q))
+		d.Secret, d.URI = secret, totpURI(q.s.UserName, secret)
 	case "disable":
-		if current == "" || !totpValid(current, f.Get("code"), p.cfg.Now()) {
-			return q.renderStatus(http.StatusBadRequest, "security", q.T("Two-factor sign-in"),
-				securityData{Enabled: current != "", Error: q.T("The code is wrong. Enter the code the app shows now.")})
-		}
-		_, err = p.cfg.DB.Exec(ctx, "UPDATE panel_accounts SET totp_secret = '' WHERE user_id = ?", q.s.UserID)
+		err = p.cfg.Identity.DisableTOTP(ctx, clientIP(q.r), q.s.UserID, passcode(q))
+		d.Enabled = true
 	default:
 		return BadRequest(q.T("Unknown action."))
 	}
-	if err != nil {
+	var ae *api.Error
+	switch {
+	case err == nil:
+		return q.redirect("/account/security", q.T("Two-factor sign-in is updated."))
+	case !errors.As(err, &ae) || ae.Status >= 500:
 		return err
+	case ae.Status == http.StatusUnauthorized || ae.Status == http.StatusBadRequest:
+		d.Error = q.T("The code is wrong. Enter the code the app shows now.")
+	case ae.Status == http.StatusConflict:
+		d.Error = q.T(ae.Message)
+	default:
+		d.Error = ae.Message
 	}
-	return q.redirect("/account/security", q.T("Two-factor sign-in is updated."))
-}
-
-// setTOTP stores the user's secret, making the account row of a user the
-// panel did not sign up (the bootstrap's).
-func (p *Panel) setTOTP(q *req, secret string) error {
-	return p.cfg.DB.Tx(q.r.Context(), func(tx *store.Tx) error {
-		res, err := tx.Exec(q.r.Context(), "UPDATE panel_accounts SET totp_secret = ? WHERE user_id = ?", secret, q.s.UserID)
-		if err != nil {
-			return err
-		}
-		if n, _ := res.RowsAffected(); n > 0 {
-			return nil
-		}
-		_, err = tx.Exec(q.r.Context(), "INSERT INTO panel_accounts (user_id, email, promo, totp_secret, created_at) VALUES (?, ?, 0, ?, ?)",
-			q.s.UserID, q.s.UserName, secret, p.cfg.Now().Unix())
+	if on, err := p.cfg.Identity.TOTPEnabled(ctx, q.s.UserID); err != nil {
 		return err
-	})
-}
-
-// pendingLogin is a sign-in whose password was right, waiting for its code.
-type pendingLogin struct {
-	s        *Session
-	next     string
-	secret   string
-	expires  time.Time
-	failures int
-}
-
-type pendingLogins struct {
-	mu sync.Mutex
-	m  map[string]*pendingLogin
-}
-
-const (
-	pendingCookie = "nimbus_2fa"
-	pendingTTL    = 5 * time.Minute
-	maxCodeTries  = 5
-)
-
-// secondFactor runs after a correct password: when the user has two-factor
-// sign-in it keeps the sign-in pending (server-side, 5 minutes, behind a
-// random cookie), asks for the code and returns true.
-func (p *Panel) secondFactor(q *req, s *Session) (bool, error) {
-	secret, err := p.totpSecret(q, s.UserID)
-	if err != nil || secret == "" {
-		return false, err
+	} else if on != d.Enabled {
+		d.Enabled = on
+		d.Secret, d.URI = p.newTOTP(q)
 	}
-	id := newSecret()
-	pl := p.acctState().pending
-	now := p.cfg.Now()
-	pl.mu.Lock()
-	for k, v := range pl.m {
-		if now.After(v.expires) {
-			delete(pl.m, k)
-		}
+	status := ae.Status
+	if status == http.StatusUnauthorized {
+		status = http.StatusBadRequest // the session is fine; the form is not
 	}
-	if len(pl.m) >= maxKeys {
-		pl.mu.Unlock()
-		return true, &APIError{Status: http.StatusServiceUnavailable, Message: q.T("Too many sign-ins at once; try again in a minute.")}
-	}
-	pl.m[linkHash(id)] = &pendingLogin{s: s, next: q.r.PostForm.Get("next"), secret: secret, expires: now.Add(pendingTTL)}
-	pl.mu.Unlock()
-	setCookie(q.w, pendingCookie, id, now.Add(pendingTTL))
-	return true, q.render("login_totp", q.T("Enter your code"), securityData{})
+	return q.renderStatus(status, "security", q.T("Two-factor sign-in"), d)
 }
 
-// loginTOTP completes a pending sign-in with its code; too many wrong codes
-// end it.
+const pendingCookie = "nimbus_2fa"
+
+// askPasscode answers a right password whose user's rules want a passcode:
+// the receipt goes to the browser in a cookie and the page asks for the
+// code.
+func (p *Panel) askPasscode(q *req, rr *identity.ReceiptRequired, next string) error {
+	setCookie(q.w, pendingCookie, rr.Receipt, rr.ExpiresAt)
+	return q.render("login_totp", q.T("Enter your code"), securityData{Next: next})
+}
+
+// loginTOTP completes a sign-in with its receipt and a code; identity
+// refuses a wrong or spent code, and ends the receipt after too many.
 func (p *Panel) loginTOTP(q *req) error {
 	c, err := q.r.Cookie(pendingCookie)
 	if err != nil {
 		return q.redirect("/login", "")
 	}
-	key, now := linkHash(c.Value), p.cfg.Now()
-	pl := p.acctState().pending
-	pl.mu.Lock()
-	pend := pl.m[key]
-	ok := pend != nil && now.Before(pend.expires) && totpValid(pend.secret, q.r.PostForm.Get("code"), now)
+	next := safeNext(q.r.PostForm.Get("next"))
+	is, err := p.cfg.Identity.LoginPasscode(q.r.Context(), clientIP(q.r), c.Value, passcode(q))
+	var ae *api.Error
+	var rr *identity.ReceiptRequired
 	switch {
-	case pend == nil:
-	case ok || now.After(pend.expires):
-		delete(pl.m, key)
-	default:
-		if pend.failures++; pend.failures >= maxCodeTries {
-			delete(pl.m, key)
-			pend = nil
-		}
-	}
-	pl.mu.Unlock()
-	if pend == nil {
+	case err == nil:
 		clearCookie(q.w, pendingCookie)
-		return q.redirect("/login", q.T("Sign in again."))
+		return p.startSession(q, sessionOf(is), next)
+	case errors.Is(err, identity.ErrReceiptNotFound) || errors.As(err, &rr):
+		clearCookie(q.w, pendingCookie)
+		return q.redirect("/login?next="+url.QueryEscape(next), q.T("Sign in again."))
+	case !errors.As(err, &ae) || ae.Status >= 500:
+		return err
 	}
-	if !ok {
-		return q.renderStatus(http.StatusUnauthorized, "login_totp", q.T("Enter your code"),
-			securityData{Error: q.T("The code is wrong. Enter the code the app shows now.")})
+	d := securityData{Next: next, Error: q.T("The code is wrong. Enter the code the app shows now.")}
+	if ra := ae.Header.Get("Retry-After"); ra != "" {
+		// Too many wrong codes for the user, or failures from the address.
+		q.w.Header().Set("Retry-After", ra)
+		d.Error = q.T("Too many wrong codes. Try again in %s seconds.", ra)
 	}
-	clearCookie(q.w, pendingCookie)
-	return p.startSession(q, pend.s, pend.next)
+	return q.renderStatus(ae.Status, "login_totp", q.T("Enter your code"), d)
 }

@@ -43,13 +43,18 @@ func (p *Panel) loginPage(q *req) error {
 }
 
 // login checks the password through identity, which applies the same
-// lockout and per-address limits as the API's token issue, and starts a
-// session holding the user's own token.
+// lockout, per-address limits and MFA rules as the API's token issue, and
+// starts a session holding the user's own token, or asks for the second
+// factor identity wants.
 func (p *Panel) login(q *req) error {
 	f := q.r.PostForm
 	email := strings.ToLower(strings.TrimSpace(f.Get("email")))
 	next := safeNext(f.Get("next"))
 	is, err := p.cfg.Identity.Login(q.r.Context(), clientIP(q.r), email, f.Get("password"))
+	var rr *identity.ReceiptRequired
+	if errors.As(err, &rr) {
+		return p.askPasscode(q, rr, next)
+	}
 	if err != nil {
 		var ae *api.Error
 		if !errors.As(err, &ae) || ae.Status >= 500 {
@@ -64,11 +69,7 @@ func (p *Panel) login(q *req) error {
 		}
 		return q.renderStatus(ae.Status, "login", q.T("Sign in"), loginData{Email: email, Next: next, Error: msg})
 	}
-	s := sessionOf(is)
-	if done, err := p.secondFactor(q, s); done || err != nil {
-		return err
-	}
-	return p.startSession(q, s, next)
+	return p.startSession(q, sessionOf(is), next)
 }
 
 // sessionOf is a panel session for an identity sign-in.

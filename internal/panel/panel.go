@@ -14,11 +14,11 @@ import (
 	"context"
 	"log/slog"
 	"math/big"
-	"net"
 	"net/http"
 	"slices"
 	"time"
 
+	"nimbus/internal/api"
 	"nimbus/internal/billing"
 	"nimbus/internal/compute"
 	"nimbus/internal/identity"
@@ -134,11 +134,6 @@ func (p *Panel) routes() []route {
 		p.resourceRoutes(), p.billingRoutes(), p.accessRoutes(), p.supportRoutes(), p.adminRoutes())
 }
 
-// clientIP is the browser's address, for rate limits.
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
+// clientIP is the browser's address, for rate limits: the same key the
+// APIs count by (an IPv6 /64), so the panel is no wider a door.
+func clientIP(r *http.Request) string { return api.ClientAddress(r) }

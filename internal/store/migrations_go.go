@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"time"
 )
@@ -14,6 +16,7 @@ var goMigrations = map[string]func(context.Context, *sql.Tx, Dialect) error{
 	"0017_compute_system_metadata": moveShelveMetadata,
 	"0050_volume_source_image":     fillSourceImage,
 	"0056_flavor_address_billing":  endFlavorAddressPeriods,
+	"0061_identity_panel_totp":     movePanelTOTP,
 }
 
 // shelveKeys are the keys shelve once kept in a server's user metadata.
@@ -159,5 +162,67 @@ func endFlavorAddressPeriods(ctx context.Context, tx *sql.Tx, d Dialect) error {
  WHERE kind = 'public_ipv4' AND ended_at = '' AND resource_id IN (
   SELECT f.id FROM floatingips f JOIN compute_servers s ON s.id = f.server_id
   WHERE s.deleted = 0 AND s.host <> '' AND s.vm_state NOT IN ('shelved', 'shelved_offloaded'))`), now, now)
+	return err
+}
+
+// panelTOTPRules are the MFA rules the panel's two-factor sign-in means
+// (identity.PanelTOTPRules, written here as they were when this landed).
+var panelTOTPRules = [][]string{{"password", "totp"}, {"application_credential"}}
+
+// movePanelTOTP moves the panel's own two-factor secrets into identity:
+// each becomes a Keystone TOTP credential of its user, and the user gets
+// the MFA rules, unless it has rules already, so that it stays protected
+// on the panel and becomes so on the API. Then the panel's column goes,
+// so no secret stays where only one front end reads it, and a controller
+// still running the old code fails closed instead of letting a password
+// alone sign in.
+func movePanelTOTP(ctx context.Context, tx *sql.Tx, d Dialect) error {
+	rows, err := tx.QueryContext(ctx, `SELECT a.user_id, a.totp_secret, u.options FROM panel_accounts a
+		JOIN users u ON u.id = a.user_id WHERE a.totp_secret <> ''`)
+	if err != nil {
+		return err
+	}
+	type row struct{ user, secret, options string }
+	var todo []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.user, &r.secret, &r.options); err != nil {
+			rows.Close()
+			return err
+		}
+		todo = append(todo, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	now := time.Now().UTC().Format(TimeFormat)
+	for _, r := range todo {
+		id := make([]byte, 16)
+		if _, err := rand.Read(id); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, rebind(d, `INSERT INTO credentials (id, user_id, project_id, type, blob, created_at)
+			VALUES (?, ?, '', 'totp', ?, ?)`), hex.EncodeToString(id), r.user, r.secret, now); err != nil {
+			return err
+		}
+		opts := map[string]json.RawMessage{}
+		if err := json.Unmarshal([]byte(r.options), &opts); err != nil {
+			return err
+		}
+		if _, has := opts["multi_factor_auth_rules"]; has {
+			continue
+		}
+		opts["multi_factor_auth_rules"], _ = json.Marshal(panelTOTPRules)
+		opts["multi_factor_auth_enabled"] = json.RawMessage("true")
+		raw, err := json.Marshal(opts)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, rebind(d, "UPDATE users SET options = ? WHERE id = ?"), string(raw), r.user); err != nil {
+			return err
+		}
+	}
+	_, err = tx.ExecContext(ctx, "ALTER TABLE panel_accounts DROP COLUMN totp_secret")
 	return err
 }

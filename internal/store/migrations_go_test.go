@@ -222,3 +222,77 @@ func TestEndFlavorAddressPeriods(t *testing.T) {
 		}
 	})
 }
+
+// TestMovePanelTOTP checks migration 0061 on both engines: every panel
+// user with a two-factor secret gets it as a TOTP credential and, unless it
+// has MFA rules already, the panel's rules; the panel's column is gone.
+func TestMovePanelTOTP(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		db, err := Open(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		// The column as 0028 made it, before this migration dropped it.
+		if _, err := db.Exec(ctx, "ALTER TABLE panel_accounts ADD COLUMN totp_secret TEXT NOT NULL DEFAULT ''"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(ctx, "INSERT INTO domains (id, name) VALUES ('default', 'Default')"); err != nil {
+			t.Fatal(err)
+		}
+		const adminRules = `{"multi_factor_auth_rules":[["password","totp"]]}`
+		for _, u := range []struct{ id, secret, options string }{
+			{"on", "GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ", "{}"},
+			{"ruled", "MFRGGZDFMZTWQ2LKNNWG23TPOBYXE43U", adminRules},
+			{"off", "", "{}"},
+		} {
+			if _, err := db.Exec(ctx, "INSERT INTO users (id, name, domain_id, created_at, options) VALUES (?, ?, 'default', '', ?)",
+				u.id, u.id, u.options); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec(ctx, "INSERT INTO panel_accounts (user_id, email, created_at, totp_secret) VALUES (?, ?, 0, ?)",
+				u.id, u.id+"@example.com", u.secret); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A panel row whose user is gone has nothing to protect.
+		if _, err := db.Exec(ctx, "INSERT INTO panel_accounts (user_id, email, created_at, totp_secret) VALUES ('gone', 'g@example.com', 0, 'GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ')"); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.sql.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := movePanelTOTP(ctx, tx, db.dialect); err != nil {
+			tx.Rollback()
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []struct{ user, blob, options string }{
+			{"on", "GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ",
+				`{"multi_factor_auth_enabled":true,"multi_factor_auth_rules":[["password","totp"],["application_credential"]]}`},
+			{"ruled", "MFRGGZDFMZTWQ2LKNNWG23TPOBYXE43U", adminRules},
+			{"off", "", "{}"},
+		} {
+			var blob, options string
+			err := db.QueryRow(ctx, "SELECT COALESCE(MAX(c.blob), ''), u.options FROM users u LEFT JOIN credentials c ON c.user_id = u.id AND c.type = 'totp' WHERE u.id = ? GROUP BY u.options", want.user).
+				Scan(&blob, &options)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if blob != want.blob || options != want.options {
+				t.Errorf("%s: credential %q, options %s; want %q, %s", want.user, blob, options, want.blob, want.options)
+			}
+		}
+		var n int
+		if err := db.QueryRow(ctx, "SELECT COUNT(*) FROM credentials").Scan(&n); err != nil || n != 2 {
+			t.Errorf("%d credentials (%v), want 2", n, err)
+		}
+		if _, err := db.Exec(ctx, "SELECT totp_secret FROM panel_accounts"); err == nil {
+			t.Error("panel_accounts.totp_secret is still there")
+		}
+	})
+}
