@@ -80,7 +80,7 @@ type signupData struct {
 }
 
 func (p *Panel) signupPage(q *req) error {
-	return q.render("signup", q.T("Sign up"), signupData{Next: q.r.URL.Query().Get("next"), MinPassword: minPassword})
+	return q.render("signup", q.T("Sign up"), signupData{Next: safeNext(q.r.URL.Query().Get("next")), MinPassword: minPassword})
 }
 
 // signup stores a pending sign-up and mails its verification link. An
@@ -89,7 +89,7 @@ func (p *Panel) signupPage(q *req) error {
 // addresses have accounts.
 func (p *Panel) signup(q *req) error {
 	f := q.r.PostForm
-	d := signupData{Email: strings.ToLower(strings.TrimSpace(f.Get("email"))), Next: f.Get("next"),
+	d := signupData{Email: strings.ToLower(strings.TrimSpace(f.Get("email"))), Next: safeNext(f.Get("next")),
 		Promo: f.Get("promo") == "on", MinPassword: minPassword}
 	if err := p.limited(q, d.Email); err != nil {
 		return err
@@ -127,7 +127,7 @@ func (p *Panel) signup(q *req) error {
 		return err
 	}
 	_, err = p.cfg.DB.Exec(ctx, `INSERT INTO panel_signups (token_hash, email, password_hash, promo, next_path, created_at, expires_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`, linkHash(token), d.Email, hash, boolInt(d.Promo), safeNext(d.Next), now.Unix(), now.Add(signupTTL).Unix())
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, linkHash(token), d.Email, hash, boolInt(d.Promo), d.Next, now.Unix(), now.Add(signupTTL).Unix())
 	if err != nil {
 		return err
 	}

@@ -161,7 +161,7 @@ const (
 // secondFactor runs after a correct password: when the user has two-factor
 // sign-in it keeps the sign-in pending (server-side, 5 minutes, behind a
 // random cookie), asks for the code and returns true.
-func (p *Panel) secondFactor(q *req, s *Session) (bool, error) {
+func (p *Panel) secondFactor(q *req, s *Session, next string) (bool, error) {
 	secret, err := p.totpSecret(q, s.UserID)
 	if err != nil || secret == "" {
 		return false, err
@@ -179,7 +179,7 @@ func (p *Panel) secondFactor(q *req, s *Session) (bool, error) {
 		pl.mu.Unlock()
 		return true, &APIError{Status: http.StatusServiceUnavailable, Message: q.T("Too many sign-ins at once; try again in a minute.")}
 	}
-	pl.m[linkHash(id)] = &pendingLogin{s: s, next: q.r.PostForm.Get("next"), secret: secret, expires: now.Add(pendingTTL)}
+	pl.m[linkHash(id)] = &pendingLogin{s: s, next: next, secret: secret, expires: now.Add(pendingTTL)}
 	pl.mu.Unlock()
 	setCookie(q.w, pendingCookie, id, now.Add(pendingTTL))
 	return true, q.render("login_totp", q.T("Enter your code"), securityData{})

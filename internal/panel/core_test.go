@@ -46,7 +46,7 @@ func TestSignInAndOut(t *testing.T) {
 		{"no form token", url.Values{"email": {user}, "password": {pw}}, false, http.StatusForbidden, ""},
 		{"wrong password", url.Values{"email": {user}, "password": {"nope"}}, true, http.StatusUnauthorized, ""},
 		{"unknown user", url.Values{"email": {"nobody@example.com"}, "password": {pw}}, true, http.StatusUnauthorized, ""},
-		{"foreign next", url.Values{"email": {user}, "password": {pw}, "next": {"//evil.example/"}}, true, http.StatusSeeOther, "/servers"},
+		{"foreign next", url.Values{"email": {user}, "password": {pw}, "next": {"//evil.example/"}}, true, http.StatusSeeOther, "/"},
 		{"right", url.Values{"email": {user}, "password": {pw}, "next": {"/billing"}}, true, http.StatusSeeOther, "/billing"},
 	}
 	for _, tt := range tests {
