@@ -162,11 +162,8 @@ func (p *Panel) limited(q *req, email string) error {
 	return nil
 }
 
-func validEmail(s string) bool {
-	at := strings.IndexByte(s, '@')
-	return len(s) <= 254 && at > 0 && at == strings.LastIndexByte(s, '@') && at < len(s)-1 &&
-		strings.Contains(s[at:], ".") && !strings.ContainsAny(s, " \t\r\n<>\",;")
-}
+// validEmail is identity's rule, which registration applies too.
+func validEmail(s string) bool { return identity.ValidEmail(s) }
 
 func boolInt(b bool) int {
 	if b {
