@@ -15,11 +15,11 @@ import (
 	"context"
 	"log/slog"
 	"math/big"
-	"net"
 	"net/http"
 	"slices"
 	"time"
 
+	"nimbus/internal/api"
 	"nimbus/internal/billing"
 	"nimbus/internal/compute"
 	"nimbus/internal/identity"
@@ -137,11 +137,6 @@ func (p *Panel) routes() []route {
 		p.resourceRoutes(), p.billingRoutes(), p.accessRoutes(), p.supportRoutes(), p.adminRoutes())
 }
 
-// clientIP is the browser's address, for rate limits.
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
+// clientIP is the browser's client key for rate limits: its IPv4
+// address or its IPv6 /64, as the APIs count clients.
+func clientIP(r *http.Request) string { return api.ClientAddress(r) }

@@ -1,10 +1,13 @@
 package panel
 
 import (
+	"fmt"
 	"math/big"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestSafeNext: a redirect target from a request is parsed and rebuilt
@@ -148,5 +151,28 @@ func TestSealRoundTrip(t *testing.T) {
 	}
 	if _, err := unseal(newSecret(), sealed); err == nil {
 		t.Fatal("another cookie's key opened the token")
+	}
+}
+
+// TestSignUpLimitPerSubscriber: the sign-up and reset limit counts an IPv6
+// client by its /64, as the APIs do, so a subscriber's 2^64 addresses are
+// one client, not 2^64 fresh allowances.
+func TestSignUpLimitPerSubscriber(t *testing.T) {
+	p := &Panel{cfg: Config{Now: time.Now}}
+	ask := func(addr string) error {
+		r := httptest.NewRequest("POST", "/signup", nil)
+		r.RemoteAddr = addr
+		return p.limited(&req{w: httptest.NewRecorder(), r: r, p: p}, "")
+	}
+	for i := range 10 {
+		if err := ask(fmt.Sprintf("[2001:db8:1:2::%x]:4000", i+1)); err != nil {
+			t.Fatalf("sign-up %d: %v", i, err)
+		}
+	}
+	if err := ask("[2001:db8:1:2:ffff::1]:4000"); err == nil {
+		t.Fatal("an 11th sign-up from one /64 was let through")
+	}
+	if err := ask("[2001:db8:1:3::1]:4000"); err != nil {
+		t.Fatalf("another /64: %v", err)
 	}
 }
