@@ -21,6 +21,7 @@ import (
 	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
 	"nimbus/internal/network"
+	"nimbus/internal/panel"
 	"nimbus/internal/scheduler"
 )
 
@@ -130,6 +131,8 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.Panel.Support.Email, "support-email", "", "the operator's support e-mail address shown on the panel")
 	fs.StringVar(&cfg.Panel.Support.Phone, "support-phone", "", "the operator's support telephone shown on the panel")
 	fs.StringVar(&cfg.Panel.Support.Hours, "support-hours", "", "the operator's support hours shown on the panel")
+	fs.IntVar(&cfg.Panel.SupportLimits.Open, "support-max-open", panel.DefaultSupportLimits.Open, "how many support requests one project may have open at once in the panel")
+	fs.IntVar(&cfg.Panel.SupportLimits.PerHour, "support-max-per-hour", panel.DefaultSupportLimits.PerHour, "how many support requests one project may send in an hour in the panel")
 	fs.BoolVar(&cfg.NoLocalAgent, "no-local-agent", false, "run the controller alone: no local agent with the fake fleet; hosts come from nimbus agent")
 	fs.DurationVar(&cfg.DownAfter, "down-after", fleet.DefaultDownAfter, "a host not heard from for this long is down")
 	fs.DurationVar(&cfg.AgentHeartbeat, "heartbeat", 10*time.Second, "how often the local agent reports")

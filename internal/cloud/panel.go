@@ -18,6 +18,9 @@ type PanelOptions struct {
 	SMTPURL string
 	// Support is the operator's contacts until changed in the panel.
 	Support panel.Support
+	// SupportLimits bound each project's support requests (0: the panel's
+	// defaults).
+	SupportLimits panel.SupportLimits
 }
 
 // newPanel makes the web panel. It calls the services' public URLs over
@@ -50,6 +53,6 @@ func (c *Cloud) newPanel() (*panel.Panel, error) {
 			panel.Network: c.NetworkURL, panel.Volume: c.VolumeURL, panel.Billing: c.BillingURL,
 		},
 		ConsoleURL: c.ConsoleURL, PublicURL: c.PanelURL, Money: money,
-		SMTPURL: cfg.Panel.SMTPURL, Support: cfg.Panel.Support, TestPayments: cfg.Billing.TestPayments, TokenTTL: cfg.TokenTTL, Log: cfg.Log.With("component", "panel"),
+		SMTPURL: cfg.Panel.SMTPURL, Support: cfg.Panel.Support, SupportLimits: cfg.Panel.SupportLimits, TestPayments: cfg.Billing.TestPayments, TokenTTL: cfg.TokenTTL, Log: cfg.Log.With("component", "panel"),
 	})
 }

@@ -6,7 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
+	"net/mail"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"nimbus/internal/api"
 	"nimbus/internal/store"
@@ -52,9 +55,35 @@ func (s *Service) Register(ctx context.Context, r Registration) (*Registered, er
 	return out, nil
 }
 
+// ValidEmail is whether s is one bare e-mail address: parsed by net/mail
+// to the same address (no display name, comment, quoting or second
+// address, which a filter of characters let through), at most 254 bytes,
+// whose domain is a host name of two labels or more (no address literal).
+// Identity's registration and the panel's forms ask it.
+func ValidEmail(s string) bool {
+	if s == "" || len(s) > maxEmail || !utf8.ValidString(s) {
+		return false
+	}
+	a, err := mail.ParseAddress(s)
+	if err != nil || a.Name != "" || a.Address != s {
+		return false
+	}
+	domain := s[strings.LastIndexByte(s, '@')+1:]
+	labels := strings.Split(domain, ".")
+	if len(labels) < 2 {
+		return false
+	}
+	for _, l := range labels {
+		if l == "" || len(l) > 63 || strings.HasPrefix(l, "-") || strings.HasSuffix(l, "-") ||
+			strings.IndexFunc(l, func(r rune) bool { return r != '-' && !unicode.IsLetter(r) && !unicode.IsDigit(r) }) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func checkRegistration(email string, r Registration) error {
-	if email == "" || len(email) > maxEmail || strings.Count(email, "@") != 1 ||
-		strings.HasPrefix(email, "@") || strings.HasSuffix(email, "@") || strings.ContainsAny(email, " \t\r\n") {
+	if !ValidEmail(email) {
 		return api.BadRequest("Invalid input for field 'email': %q is not a valid e-mail address.", r.Email)
 	}
 	// Only a hash made by HashPassword is stored, never a password by

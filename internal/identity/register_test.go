@@ -106,6 +106,8 @@ func TestRegister(t *testing.T) {
 			{"taken project name", identity.Registration{Email: "bob@example.com", PasswordHash: hash, ProjectName: "demo"}, 409},
 			{"no e-mail", identity.Registration{Email: "", PasswordHash: hash}, 400},
 			{"not an e-mail", identity.Registration{Email: "bob.example.com", PasswordHash: hash}, 400},
+			{"a NUL in the e-mail", identity.Registration{Email: "bob\x00@example.com", PasswordHash: hash}, 400},
+			{"a comment in the e-mail", identity.Registration{Email: "(x)bob@example.com", PasswordHash: hash}, 400},
 			{"a password, not a hash", identity.Registration{Email: "bob@example.com", PasswordHash: "s3cret-pass"}, 400},
 			{"project name too long", identity.Registration{Email: "bob@example.com", PasswordHash: hash,
 				ProjectName: strings.Repeat("p", 65)}, 400},

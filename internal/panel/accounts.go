@@ -78,7 +78,7 @@ type signupData struct {
 }
 
 func (p *Panel) signupPage(q *req) error {
-	return q.render("signup", q.T("Sign up"), signupData{Next: q.r.URL.Query().Get("next"), MinPassword: minPassword})
+	return q.render("signup", q.T("Sign up"), signupData{Next: safeNext(q.r.URL.Query().Get("next")), MinPassword: minPassword})
 }
 
 // signup stores a pending sign-up and mails its verification link. An
@@ -87,7 +87,7 @@ func (p *Panel) signupPage(q *req) error {
 // addresses have accounts.
 func (p *Panel) signup(q *req) error {
 	f := q.r.PostForm
-	d := signupData{Email: strings.ToLower(strings.TrimSpace(f.Get("email"))), Next: f.Get("next"),
+	d := signupData{Email: strings.ToLower(strings.TrimSpace(f.Get("email"))), Next: safeNext(f.Get("next")),
 		Promo: f.Get("promo") == "on", MinPassword: minPassword}
 	if err := p.limited(q, d.Email); err != nil {
 		return err
@@ -125,7 +125,7 @@ func (p *Panel) signup(q *req) error {
 		return err
 	}
 	_, err = p.cfg.DB.Exec(ctx, `INSERT INTO panel_signups (token_hash, email, password_hash, promo, next_path, created_at, expires_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`, linkHash(token), d.Email, hash, boolInt(d.Promo), safeNext(d.Next), now.Unix(), now.Add(signupTTL).Unix())
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, linkHash(token), d.Email, hash, boolInt(d.Promo), d.Next, now.Unix(), now.Add(signupTTL).Unix())
 	if err != nil {
 		return err
 	}
@@ -160,11 +160,8 @@ func (p *Panel) limited(q *req, email string) error {
 	return nil
 }
 
-func validEmail(s string) bool {
-	at := strings.IndexByte(s, '@')
-	return len(s) <= 254 && at > 0 && at == strings.LastIndexByte(s, '@') && at < len(s)-1 &&
-		strings.Contains(s[at:], ".") && !strings.ContainsAny(s, " \t\r\n<>\",;")
-}
+// validEmail is identity's rule, which registration applies too.
+func validEmail(s string) bool { return identity.ValidEmail(s) }
 
 func boolInt(b bool) int {
 	if b {

@@ -9,8 +9,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"html"
+	"mime"
 	"net"
 	"net/http"
+	netmail "net/mail"
 	"net/url"
 	"regexp"
 	"strings"
@@ -151,7 +153,7 @@ func TestBrowserSignUp(t *testing.T) {
 	}
 	b.axe()
 	msg := mail.next(t)
-	if !strings.Contains(msg, "To: new.customer@example.com") {
+	if !strings.Contains(msg, "To: <new.customer@example.com>") {
 		t.Errorf("mail not to the new address: %s", msg)
 	}
 	b.navigate("open the link", chromedp.Navigate(mailedLink(t, msg)))
@@ -217,6 +219,7 @@ func TestSignUpRefusals(t *testing.T) {
 		{"short password", url.Values{"email": {"a@example.com"}, "password": {"short"}, "password2": {"short"}}, "at least 10"},
 		{"passwords differ", url.Values{"email": {"a@example.com"}, "password": {"long-enough-1"}, "password2": {"long-enough-2"}}, "do not match"},
 		{"not an address", url.Values{"email": {"nobody"}, "password": {"long-enough-1"}, "password2": {"long-enough-1"}}, "valid e-mail"},
+		{"a NUL in the address", url.Values{"email": {"nobody\x00@example.com"}, "password": {"long-enough-1"}, "password2": {"long-enough-1"}}, "valid e-mail"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, _, body := newWeb(t, c).post("/signup", "/signup", tc.form, true)
@@ -380,5 +383,36 @@ func TestTwoFactor(t *testing.T) {
 	}
 	if status, loc, _ := w3.post("/login", "/login/totp", url.Values{"code": {totp(t, secret, time.Now())}}, true); status != http.StatusSeeOther || !strings.HasPrefix(loc, "/login") {
 		t.Fatalf("right code after five wrong ones: %d %s, want back to /login", status, loc)
+	}
+}
+
+// TestMailHeadersEncoded: a message in Russian keeps its header ASCII, the
+// subject an RFC 2047 word that decodes to the words sent.
+func TestMailHeadersEncoded(t *testing.T) {
+	mail := newSMTPReceiver(t)
+	c := startCloud(t, withSMTP(mail))
+	register(t, c, "olga@example.com", "old-password-1")
+	w := newWeb(t, c)
+	w.get("/lang/ru")
+	if status, _, body := w.post("/reset", "/reset", url.Values{"email": {"olga@example.com"}}, true); status != http.StatusOK {
+		t.Fatalf("reset: %d %s", status, snippet(body))
+	}
+	msg := mail.next(t)
+	head, _, _ := strings.Cut(msg, "\r\n\r\n")
+	for i := 0; i < len(head); i++ {
+		if head[i] >= 0x80 {
+			t.Fatalf("a byte %#x in the header: %s", head[i], head)
+		}
+	}
+	m, err := netmail.ReadMessage(strings.NewReader(msg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject, err := new(mime.WordDecoder).DecodeHeader(m.Header.Get("Subject"))
+	if err != nil || !strings.ContainsAny(subject, "абвгдеёжзийклмнопрстуфхцчшщъыьэюя") {
+		t.Fatalf("subject %q (%q): %v", subject, m.Header.Get("Subject"), err)
+	}
+	if to, err := m.Header.AddressList("To"); err != nil || len(to) != 1 || to[0].Address != "olga@example.com" {
+		t.Fatalf("To %v: %v", to, err)
 	}
 }

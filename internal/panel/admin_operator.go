@@ -686,23 +686,21 @@ func (p *Panel) changedRates(q *req, l rateList) (map[string]any, error) {
 
 // ---- Support settings ----
 
-// requestsShown is how many custom-configuration requests the settings
-// page lists.
-const requestsShown = 100
-
 type supportSettingsData struct {
-	Support  Support
-	Requests []ConfigRequest
+	Support Support
+	// Open and Customers count the open requests and who sent them; the
+	// queue has them.
+	Open, Customers int
 }
 
-// supportSettingsPage edits the contacts on /support and lists the
-// customers' custom-configuration requests.
+// supportSettingsPage edits the contacts on /support and links the
+// customers' requests.
 func (p *Panel) supportSettingsPage(q *req) error {
 	ctx := q.r.Context()
 	var d supportSettingsData
 	err := parallel(
 		func() (err error) { d.Support, err = p.SupportSettings(ctx); return err },
-		func() (err error) { d.Requests, err = p.ConfigRequests(ctx, requestsShown); return err },
+		func() (err error) { d.Open, d.Customers, err = p.openRequests(ctx); return err },
 	)
 	if err != nil {
 		return err

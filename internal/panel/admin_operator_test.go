@@ -340,8 +340,24 @@ func TestOperatorBrowser(t *testing.T) {
 		b.do("fill "+id, chromedp.SetValue(chromedp.CSS("#"+id), v))
 	}
 	b.navigate("save support", chromedp.Submit(chromedp.CSS("#hours")))
-	if got := b.text("#config-requests"); !strings.Contains(got, "Eight H100 in one server, please.") {
+	if got := b.text("#requests-h + p"); !strings.Contains(got, "1 open requests from 1 customers") {
 		t.Fatalf("requests on /admin/support: %q", got)
+	}
+	b.open("/admin/support/customers")
+	b.axe()
+	b.shot("admin-support-customers")
+	b.navigate("a customer's requests", chromedp.Click(chromedp.CSS(".support-groups tbody a")))
+	b.axe()
+	b.shot("admin-support-requests")
+	if got := b.text("#support-requests"); !strings.Contains(got, "Eight H100 in one server, please.") {
+		t.Fatalf("the customer's requests: %q", got)
+	}
+	b.navigate("close the request", chromedp.Click(chromedp.CSS("#support-requests button")))
+	if loc := b.location(); !strings.HasPrefix(loc, "/admin/support/requests?") || !strings.Contains(loc, "project=") {
+		t.Fatalf("closing went to %s, not back to the page", loc)
+	}
+	if got := b.text("#support-requests"); strings.Contains(got, "Eight H100") {
+		t.Fatalf("a closed request is still in the open queue: %q", got)
 	}
 	b.open("/support")
 	got := b.text("#contacts")

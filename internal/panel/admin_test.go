@@ -153,6 +153,8 @@ func testSupport(t *testing.T, c *cloud.Cloud) {
 		body, want string
 	}{
 		{"short", "Describe the configuration you need"},
+		{"Eight H100 GPUs\x00 in one server", "Describe the configuration you need"},
+		{"Eight H100 GPUs \xff\xfe in one server", "Describe the configuration you need"},
 		{"Eight H100 GPUs in one server, <b>bare</b> metal", "Your request is sent"},
 	} {
 		if status, _, body := demo.post("/support", "/support/requests", url.Values{"body": {tt.body}}, true); status != http.StatusSeeOther {
@@ -162,16 +164,21 @@ func testSupport(t *testing.T, c *cloud.Cloud) {
 			t.Fatalf("request %q: the message is %q", tt.body, got)
 		}
 	}
-	rs, err := c.Panel.ConfigRequests(ctx, 10)
-	if err != nil || len(rs) != 1 || rs[0].UserName != cloud.DemoUser {
-		t.Fatalf("stored requests: %+v, %v", rs, err)
+	var n int
+	var user, state string
+	if err := c.DB.QueryRow(ctx, "SELECT COUNT(*), MAX(user_name), MAX(state) FROM panel_config_requests").Scan(&n, &user, &state); err != nil ||
+		n != 1 || user != cloud.DemoUser || state != "open" {
+		t.Fatalf("stored requests: %d by %q, %q, %v", n, user, state, err)
 	}
 	if _, _, body := demo.get("/support"); !strings.Contains(body, "&lt;b&gt;bare&lt;/b&gt;") {
 		t.Fatalf("the customer's own request is not shown escaped: %s", snippet(body))
 	}
 	op := newWeb(t, c)
 	op.login(adminLogin(c))
-	if _, _, body := op.get("/admin/trials"); !strings.Contains(body, "Eight H100 GPUs in one server") {
+	if _, _, body := op.get("/admin/support/requests"); !strings.Contains(body, "Eight H100 GPUs in one server") {
 		t.Fatalf("the operator does not see the request: %s", snippet(body))
+	}
+	if _, _, body := op.get("/admin/trials"); !strings.Contains(body, cloud.DemoProject) {
+		t.Fatalf("the trials page does not show the customer with an open request: %s", snippet(body))
 	}
 }

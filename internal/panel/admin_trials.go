@@ -24,7 +24,6 @@ const (
 	defaultTrialDays = 14
 	maxTrialDays     = 365
 	decidedShown     = 20
-	configShown      = 50
 )
 
 type trialRow struct {
@@ -34,23 +33,25 @@ type trialRow struct {
 
 type trialsData struct {
 	Pending, Decided []trialRow
-	Requests         []ConfigRequest
-	DefaultDays      int
+	// Requests are the first customers with open custom-configuration
+	// requests, as on the view by customer.
+	Requests    groupsData
+	DefaultDays int
 }
 
 // trialQueue lists pending trials to decide, the latest decided ones, and
-// the custom-configuration requests.
+// the customers with open custom-configuration requests.
 func (p *Panel) trialQueue(q *req) error {
 	ctx := q.r.Context()
 	var trials struct {
 		Trials []billing.Trial `json:"trials"`
 	}
 	var names map[string]string
-	var requests []ConfigRequest
+	var requests groupsData
 	err := parallel(
 		func() error { return q.api.Get(ctx, Billing, "/v1/trials", &trials) },
 		func() (err error) { names, err = p.projectNames(ctx, q); return err },
-		func() (err error) { requests, err = p.ConfigRequests(ctx, configShown); return err },
+		func() (err error) { requests, err = p.groups(q, requestOpen, "", groupsOnTrials); return err },
 	)
 	if err != nil {
 		return err

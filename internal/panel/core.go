@@ -34,7 +34,7 @@ type loginData struct {
 }
 
 func (p *Panel) loginPage(q *req) error {
-	next := safeNext(q.r.URL.Query().Get("next"))
+	next := afterSignIn(q.r.URL.Query().Get("next"))
 	if q.s != nil {
 		http.Redirect(q.w, q.r, next, http.StatusSeeOther)
 		return nil
@@ -49,7 +49,7 @@ func (p *Panel) loginPage(q *req) error {
 func (p *Panel) login(q *req) error {
 	f := q.r.PostForm
 	email := strings.ToLower(strings.TrimSpace(f.Get("email")))
-	next := safeNext(f.Get("next"))
+	next := afterSignIn(f.Get("next"))
 	is, err := p.cfg.Identity.Login(q.r.Context(), clientIP(q.r), email, f.Get("password"))
 	var rr *identity.ReceiptRequired
 	if errors.As(err, &rr) {
@@ -70,6 +70,15 @@ func (p *Panel) login(q *req) error {
 		return q.renderStatus(ae.Status, "login", q.T("Sign in"), loginData{Email: email, Next: next, Error: msg})
 	}
 	return p.startSession(q, sessionOf(is), next)
+}
+
+// afterSignIn is where a sign-in goes: next, made safe, or the servers
+// when there is none.
+func afterSignIn(next string) string {
+	if next == "" {
+		return "/servers"
+	}
+	return safeNext(next)
 }
 
 // sessionOf is a panel session for an identity sign-in.

@@ -46,7 +46,7 @@ func TestSignInAndOut(t *testing.T) {
 		{"no form token", url.Values{"email": {user}, "password": {pw}}, false, http.StatusForbidden, ""},
 		{"wrong password", url.Values{"email": {user}, "password": {"nope"}}, true, http.StatusUnauthorized, ""},
 		{"unknown user", url.Values{"email": {"nobody@example.com"}, "password": {pw}}, true, http.StatusUnauthorized, ""},
-		{"foreign next", url.Values{"email": {user}, "password": {pw}, "next": {"//evil.example/"}}, true, http.StatusSeeOther, "/servers"},
+		{"foreign next", url.Values{"email": {user}, "password": {pw}, "next": {"//evil.example/"}}, true, http.StatusSeeOther, "/"},
 		{"right", url.Values{"email": {user}, "password": {pw}, "next": {"/billing"}}, true, http.StatusSeeOther, "/billing"},
 	}
 	for _, tt := range tests {
@@ -119,5 +119,31 @@ func TestBrowserSignIn(t *testing.T) {
 	b.open("/lang/ru?next=/login")
 	if got := b.text(".who span"); !strings.Contains(got, "Вы вошли как") {
 		t.Fatalf("in Russian the header says %q", got)
+	}
+}
+
+// TestSessionsPerUserBounded: signing in again and again keeps at most a
+// bounded number of one user's sessions; the oldest end, the newest work.
+func TestSessionsPerUserBounded(t *testing.T) {
+	c := startCloud(t)
+	user, pw := demoLogin(c)
+	var webs []*web
+	for range panel.MaxSessionsPerUser + 5 {
+		w := newWeb(t, c)
+		w.login(user, pw)
+		webs = append(webs, w)
+	}
+	var n int
+	if err := c.DB.QueryRow(context.Background(), "SELECT COUNT(*) FROM panel_sessions WHERE user_name = ?", user).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != panel.MaxSessionsPerUser {
+		t.Fatalf("%d sessions of one user, want %d", n, panel.MaxSessionsPerUser)
+	}
+	if status, _, _ := webs[0].get("/servers"); status != http.StatusSeeOther {
+		t.Fatalf("the oldest session still opens /servers: %d", status)
+	}
+	if status, _, _ := webs[len(webs)-1].get("/servers"); status != http.StatusOK {
+		t.Fatalf("the newest session: %d", status)
 	}
 }

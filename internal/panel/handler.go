@@ -5,10 +5,14 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"path"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // req is one request to a page: the exchange, the signed-in user (nil on a
@@ -196,13 +200,55 @@ func (q *req) errorPage(err error) {
 	q.renderStatus(status, "error", q.T("Error"), ae)
 }
 
-// next is a safe local path to go to after signing in.
+// maxNextLen bounds a redirect target taken from a request.
+const maxNextLen = 2048
+
+// safeNext is where to send the browser after a form or a switch, from a
+// target the request names (next=, a sign-up's stored next): the target
+// parsed as a URL and rebuilt from its path, query and fragment alone.
+// Only a relative reference with no scheme, host or user whose path is
+// rooted at one "/" survives; a path holding a backslash, whitespace or a
+// control or format character, decoded, does not (browsers drop a tab or
+// read "\" as "/", so "/\t/host" would leave the origin), nor does a query
+// or fragment holding a control character. Anything else is "/". The
+// result is printable ASCII, so every browser reads it as this origin.
 func safeNext(s string) string {
-	if s == "" || !strings.HasPrefix(s, "/") || strings.HasPrefix(s, "//") || strings.HasPrefix(s, "/\\") || strings.ContainsAny(s, "\r\n") {
-		return "/servers"
+	const home = "/"
+	if s == "" || len(s) > maxNextLen || !utf8.ValidString(s) {
+		return home
 	}
-	return s
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" {
+		return home
+	}
+	if !strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") ||
+		strings.IndexFunc(u.Path, badPathRune) >= 0 || strings.IndexFunc(u.Fragment, badRune) >= 0 {
+		return home
+	}
+	query, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return home
+	}
+	for k, vs := range query {
+		if strings.IndexFunc(k, badRune) >= 0 || slices.ContainsFunc(vs, func(v string) bool { return strings.IndexFunc(v, badRune) >= 0 }) {
+			return home
+		}
+	}
+	clean := path.Clean(u.Path) // "/a/../..//x" is "/x"
+	if strings.HasSuffix(u.Path, "/") && clean != "/" {
+		clean += "/"
+	}
+	out := url.URL{Path: clean, RawQuery: query.Encode(), Fragment: u.Fragment}
+	return out.String()
 }
+
+// badRune is a control or format character (a line break, a bidi
+// override), which no redirect target holds.
+func badRune(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }
+
+// badPathRune is what no redirect path holds besides: whitespace and the
+// backslash browsers read as a slash.
+func badPathRune(r rune) bool { return badRune(r) || unicode.IsSpace(r) || r == '\\' }
 
 var gzipPool = sync.Pool{New: func() any { gz, _ := gzip.NewWriterLevel(nil, gzip.BestSpeed); return gz }}
 

@@ -3,11 +3,15 @@ package panel
 import (
 	"crypto/tls"
 	"fmt"
+	"mime"
 	"net"
+	"net/mail"
 	"net/smtp"
 	"net/url"
 	"strings"
 	"time"
+
+	"nimbus/internal/identity"
 )
 
 // sendMail sends a plain-text message through Config.SMTPURL
@@ -27,11 +31,19 @@ func (p *Panel) sendMail(to, subject, body string) error {
 	if from == "" {
 		from = "noreply@" + u.Hostname()
 	}
-	if strings.ContainsAny(to+subject+from, "\r\n") {
-		return fmt.Errorf("panel: refusing a header with a line break")
+	// The header is built, not filtered: both addresses parsed as one bare
+	// address each, the subject an RFC 2047 word (a line break or a
+	// Russian letter in it is encoded, not sent raw).
+	if !identity.ValidEmail(to) {
+		return fmt.Errorf("panel: not an e-mail address: %q", to)
 	}
-	msg := "From: " + from + "\r\nTo: " + to + "\r\nSubject: " + subject + "\r\nDate: " + time.Now().UTC().Format(time.RFC1123Z) +
-		"\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n" + strings.ReplaceAll(body, "\n", "\r\n")
+	if a, err := mail.ParseAddress(from); err != nil || a.Address != from {
+		return fmt.Errorf("panel: the SMTP URL's from is not an e-mail address: %q", from)
+	}
+	msg := "From: " + (&mail.Address{Address: from}).String() + "\r\nTo: " + (&mail.Address{Address: to}).String() +
+		"\r\nSubject: " + mime.QEncoding.Encode("utf-8", subject) + "\r\nDate: " + time.Now().UTC().Format(time.RFC1123Z) +
+		"\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n\r\n" +
+		strings.ReplaceAll(body, "\n", "\r\n")
 	return deliver(u, from, to, []byte(msg))
 }
 

@@ -7,7 +7,8 @@
 // The panel holds no rights of its own over customers' resources: it signs
 // a user in through identity and then calls the same OpenStack and billing
 // APIs the CLI calls, over HTTPS, with the user's own Keystone token. What
-// it keeps itself is its sessions, pending sign-ups and support settings.
+// it keeps itself is its sessions, pending sign-ups, support settings and
+// customers' support requests.
 package panel
 
 import (
@@ -50,6 +51,8 @@ type Config struct {
 	SMTPURL string
 	// Support is the operator's contacts until changed in the panel.
 	Support Support
+	// SupportLimits bound each project's support requests.
+	SupportLimits SupportLimits
 	// TestPayments offers billing's simulated payment providers (test,
 	// webhook-test) on the top-up form, as billing does.
 	TestPayments bool

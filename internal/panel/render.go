@@ -46,6 +46,11 @@ func parsePages(m Money) (pageSet, error) {
 		"del": func(v *view, action, label string) deleteForm {
 			return deleteForm{Action: action, Label: v.T(label), Confirm: v.T("Confirm"), CSRF: v.CSRF}
 		},
+		// groupTable and stateForm are the support partials' data.
+		"groupTable": func(v *view, d groupsData) groupTable { return groupTable{View: v, groupsData: d} },
+		"stateForm": func(v *view, action, state, project string) stateForm {
+			return stateForm{View: v, Action: action, State: state, Project: project}
+		},
 		"navItem": func(v *view, href, text string) navLink {
 			return navLink{Href: href, Text: v.T(text), Current: v.Path == href || strings.HasPrefix(v.Path, href+"/")}
 		},

@@ -99,13 +99,19 @@ func unseal(secret, sealed string) (string, error) {
 	return string(out), err
 }
 
+// MaxSessionsPerUser bounds one user's sessions: signing in once more
+// ends the oldest, so signing in again and again (at identity's token
+// rate, ten a second) cannot fill the table until the sessions expire.
+const MaxSessionsPerUser = 20
+
 // sessions keeps sessions in the store.
 type sessions struct {
 	db  *store.DB
 	now func() time.Time
 }
 
-// create stores s and returns the cookie's secret.
+// create stores s, ending the user's oldest sessions beyond
+// MaxSessionsPerUser, and returns the cookie's secret.
 func (st *sessions) create(ctx context.Context, s *Session) (string, error) {
 	secret := newSecret()
 	sealed, err := seal(secret, s.Token)
@@ -114,11 +120,22 @@ func (st *sessions) create(ctx context.Context, s *Session) (string, error) {
 	}
 	s.CSRF = newSecret()
 	s.idHash = hashID(secret)
-	_, err = st.db.Exec(ctx, `INSERT INTO panel_sessions (id_hash, user_id, user_name, project_id, project_name, roles,
-		token_sealed, csrf, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		s.idHash, s.UserID, s.UserName, s.ProjectID, s.ProjectName, strings.Join(s.Roles, ","),
-		sealed, s.CSRF, st.now().Unix(), s.Expires.Unix())
-	return secret, err
+	now := st.now()
+	return secret, st.db.Tx(ctx, func(tx *store.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO panel_sessions (id_hash, user_id, user_name, project_id, project_name, roles,
+		token_sealed, csrf, created_at, expires_at, created_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			s.idHash, s.UserID, s.UserName, s.ProjectID, s.ProjectName, strings.Join(s.Roles, ","),
+			sealed, s.CSRF, now.Unix(), s.Expires.Unix(), now.UnixNano())
+		if err != nil {
+			return err
+		}
+		// The new one stays whatever the clock says; of the others the
+		// newest stay.
+		_, err = tx.Exec(ctx, `DELETE FROM panel_sessions WHERE user_id = ? AND id_hash <> ? AND id_hash NOT IN
+		(SELECT id_hash FROM panel_sessions WHERE user_id = ? AND id_hash <> ? ORDER BY created_ns DESC, id_hash DESC LIMIT ?)`,
+			s.UserID, s.idHash, s.UserID, s.idHash, MaxSessionsPerUser-1)
+		return err
+	})
 }
 
 // errNoSession is a missing, unknown or expired session.

@@ -2,6 +2,9 @@ package panel
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"net/url"
 	"strings"
 	"time"
 	"unicode"
@@ -17,6 +20,7 @@ func (p *Panel) supportRoutes() []route {
 	return []route{
 		{"GET /support", public, p.supportPage},
 		{"POST /support/requests", member, p.createConfigRequest},
+		{"POST /support/requests/{id}/close", member, p.withdrawConfigRequest},
 	}
 }
 
@@ -25,7 +29,7 @@ const (
 	maxContactLen  = 200
 	minRequestLen  = 10
 	maxRequestLen  = 4000
-	requestsListed = 20
+	requestsListed = 20 // a page of the customer's own requests
 )
 
 // ConfigRequest is a customer's request for a configuration the
@@ -36,12 +40,19 @@ type ConfigRequest struct {
 	UserID, UserName       string
 	Body                   string
 	CreatedAt              time.Time
+	State                  string // requestOpen or requestClosed
 }
+
+// Open is whether the request waits for an answer.
+func (r ConfigRequest) Open() bool { return r.State == requestOpen }
 
 type supportData struct {
 	Support  Support
-	Requests []ConfigRequest // the signed-in customer's project's
-	Body     string
+	Requests []ConfigRequest // the signed-in customer's project's, a page
+	// Older is the link to the next page of them, "" on the last.
+	Older string
+	// Limits are the project's bounds, said beside the form.
+	Limits SupportLimits
 }
 
 func (p *Panel) supportPage(q *req) error {
@@ -49,10 +60,16 @@ func (p *Panel) supportPage(q *req) error {
 	if err != nil {
 		return err
 	}
-	d := supportData{Support: s}
+	d := supportData{Support: s, Limits: p.cfg.SupportLimits.withDefaults()}
 	if q.s != nil {
-		if d.Requests, err = p.configRequests(q.r.Context(), q.s.ProjectID, requestsListed); err != nil {
+		marker := q.r.URL.Query().Get("marker")
+		reqs, next, err := p.requests(q.r.Context(), requestFilter{Project: q.s.ProjectID}, marker, requestsListed)
+		if err != nil {
 			return err
+		}
+		d.Requests = reqs
+		if next != "" {
+			d.Older = "/support?" + url.Values{"marker": {next}}.Encode() + "#requests"
 		}
 	}
 	return q.render("support", q.T("Support"), d)
@@ -61,18 +78,32 @@ func (p *Panel) supportPage(q *req) error {
 // createConfigRequest stores what the customer needs for the operator.
 func (p *Panel) createConfigRequest(q *req) error {
 	body := strings.TrimSpace(q.r.PostForm.Get("body"))
-	if n := utf8.RuneCountInString(body); n < minRequestLen || n > maxRequestLen {
+	if n := utf8.RuneCountInString(body); n < minRequestLen || n > maxRequestLen || !plainText(body) {
 		return q.back("/support#request", BadRequest(q.T("Describe the configuration you need in %d to %d characters.", minRequestLen, maxRequestLen)))
 	}
 	r := ConfigRequest{ID: uuid.NewString(), ProjectID: q.s.ProjectID, ProjectName: q.s.ProjectName,
 		UserID: q.s.UserID, UserName: q.s.UserName, Body: body, CreatedAt: p.cfg.Now()}
-	_, err := p.cfg.DB.Exec(q.r.Context(), `INSERT INTO panel_config_requests
- (id, project_id, project_name, user_id, user_name, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		r.ID, r.ProjectID, r.ProjectName, r.UserID, r.UserName, r.Body, r.CreatedAt.Unix())
-	if err != nil {
+	lim := p.cfg.SupportLimits.withDefaults()
+	switch err := p.addRequest(q.r.Context(), r); {
+	case errors.Is(err, errTooManyOpen):
+		return q.back("/support#request", &APIError{Status: http.StatusTooManyRequests, Message: q.T(
+			"Your project has %d open requests, as many as it may. Close one you no longer need, or wait for an answer.", lim.Open)})
+	case errors.Is(err, errTooOften):
+		return q.back("/support#request", &APIError{Status: http.StatusTooManyRequests, Message: q.T(
+			"Your project has sent %d requests in the last hour, as many as it may. Try again later.", lim.PerHour)})
+	case err != nil:
 		return err
 	}
 	return q.redirect("/support#requests", q.T("Your request is sent. We will answer by e-mail."))
+}
+
+// withdrawConfigRequest closes one of the customer's own requests, which
+// they no longer need.
+func (p *Panel) withdrawConfigRequest(q *req) error {
+	if err := p.setRequestState(q.r.Context(), q.r.PathValue("id"), q.s.ProjectID, requestClosed); err != nil {
+		return err
+	}
+	return q.redirect("/support#requests", q.T("The request is closed."))
 }
 
 // SupportSettings are the operator's contacts: as last changed in the
@@ -104,36 +135,13 @@ func (p *Panel) SetSupportSettings(ctx context.Context, s Support) error {
 	return err
 }
 
-// ConfigRequests are customers' custom-configuration requests, newest
-// first (at most limit), for the operator.
-func (p *Panel) ConfigRequests(ctx context.Context, limit int) ([]ConfigRequest, error) {
-	return p.configRequests(ctx, "", limit)
-}
-
-// configRequests lists project's requests, or every project's when it is "".
-func (p *Panel) configRequests(ctx context.Context, project string, limit int) ([]ConfigRequest, error) {
-	q := `SELECT id, project_id, project_name, user_id, user_name, body, created_at FROM panel_config_requests`
-	args := []any{}
-	if project != "" {
-		q += " WHERE project_id = ?"
-		args = append(args, project)
-	}
-	rows, err := p.cfg.DB.Query(ctx, q+" ORDER BY created_at DESC, id DESC LIMIT ?", append(args, limit)...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []ConfigRequest
-	for rows.Next() {
-		var r ConfigRequest
-		var at int64
-		if err := rows.Scan(&r.ID, &r.ProjectID, &r.ProjectName, &r.UserID, &r.UserName, &r.Body, &at); err != nil {
-			return nil, err
-		}
-		r.CreatedAt = time.Unix(at, 0).UTC()
-		out = append(out, r)
-	}
-	return out, rows.Err()
+// plainText is s as valid UTF-8 with no control characters but line
+// breaks and tabs (PostgreSQL refuses a NUL in text; the operator's page
+// shows the rest).
+func plainText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool {
+		return unicode.IsControl(r) && r != '\n' && r != '\r' && r != '\t'
+	}) < 0
 }
 
 // plainLine is s of at most max characters with no line breaks or other

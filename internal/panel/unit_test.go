@@ -1,23 +1,109 @@
 package panel
 
 import (
+	"fmt"
 	"math/big"
+	"net/http/httptest"
+	"net/url"
+	"strings"
 	"testing"
+	"time"
 )
 
+// TestSafeNext: a redirect target from a request is parsed and rebuilt
+// from its path, query and fragment; anything that could leave the
+// panel's origin (a scheme, a host, a path a browser reads as "//host")
+// becomes "/".
 func TestSafeNext(t *testing.T) {
-	for in, want := range map[string]string{
-		"":                  "/servers",
-		"/billing?x=1":      "/billing?x=1",
-		"//evil.example":    "/servers",
-		"/\\evil.example":   "/servers",
-		"https://evil":      "/servers",
-		"/a\r\nSet-Cookie:": "/servers",
+	for _, tt := range []struct{ in, want string }{
+		{"", "/"},
+		{"/billing?x=1", "/billing?x=1"},
+		{"/support#request", "/support#request"},
+		{"/servers/", "/servers/"},
+		{"/configure?vcpus=2&name=my+box", "/configure?name=my+box&vcpus=2"},
+		{"/@evil.example", "/@evil.example"},
+		{"/a/../..//evil.example/x", "/evil.example/x"},
+		{"/.//evil.example", "/evil.example"},
+		// The finding: a tab, which browsers drop, makes "/\t/host" "//host".
+		{"/\t/evil.example/x", "/"},
+		{"/%09/evil.example/x", "/"},
+		{"/\n/evil.example", "/"},
+		{"/\r\n/evil.example", "/"},
+		{"/a\r\nSet-Cookie: x=1", "/"},
+		{"/%0d%0aSet-Cookie:%20x=1", "/"},
+		{"/%00", "/"},
+		{"/ /evil.example", "/"},
+		{"//evil.example", "/"},
+		{"///evil.example", "/"},
+		{"/%2F%2Fevil.example", "/"},
+		{"/%2F/evil.example", "/"},
+		{"/\\evil.example", "/"},
+		{"\\\\evil.example", "/"},
+		{"/%5Cevil.example", "/"},
+		{"/%5C%5Cevil.example", "/"},
+		{"https://evil.example/", "/"},
+		{"https:evil.example", "/"},
+		{"https:/evil.example", "/"},
+		{"HTTPS://evil.example", "/"},
+		{"javascript:alert(1)", "/"},
+		{" javascript:alert(1)", "/"},
+		{"data:text/html,x", "/"},
+		{"evil.example", "/"},
+		{"./x", "/"},
+		{"?next=//evil.example", "/"},
+		{"#x", "/"},
+		{"/\u3000/evil.example", "/"},    // ideographic space
+		{"/\u2028/evil.example", "/"},    // line separator
+		{"/%E2%80%A8/evil.example", "/"}, // the same, escaped
+		{"/\u202e/evil.example", "/"},    // right-to-left override
+		{"/\xff/evil.example", "/"},      // not UTF-8
+		{"/\uff0f\uff0fevil.example", "/%EF%BC%8F%EF%BC%8Fevil.example"}, // fullwidth solidi stay a path
+		{"/servers#%09/x", "/"},
+		{"/servers?q=%0a", "/"},
+		{"/servers?q=a+b%20c#x%20y", "/servers?q=a+b+c#x%20y"},
+		{"/" + strings.Repeat("a", 5000), "/"},
 	} {
-		if got := safeNext(in); got != want {
-			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
+		if got := safeNext(tt.in); got != tt.want {
+			t.Errorf("safeNext(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+		checkLocal(t, tt.in, safeNext(tt.in))
+	}
+}
+
+// checkLocal fails unless out, as a Location header, can only lead to the
+// panel's own origin: printable ASCII, no backslash, one leading slash.
+func checkLocal(t *testing.T, in, out string) {
+	t.Helper()
+	for i := 0; i < len(out); i++ {
+		if c := out[i]; c <= ' ' || c >= 0x7f || c == '\\' {
+			t.Fatalf("safeNext(%q) = %q holds byte %#x", in, out, c)
 		}
 	}
+	if !strings.HasPrefix(out, "/") || strings.HasPrefix(out, "//") {
+		t.Fatalf("safeNext(%q) = %q does not start with one slash", in, out)
+	}
+	base, _ := url.Parse("https://panel.example/servers/x")
+	u, err := url.Parse(out)
+	if err != nil {
+		t.Fatalf("safeNext(%q) = %q does not parse: %v", in, out, err)
+	}
+	if r := base.ResolveReference(u); r.Scheme != "https" || r.Host != "panel.example" || r.User != nil {
+		t.Fatalf("safeNext(%q) = %q leads to %s", in, out, r)
+	}
+}
+
+// FuzzSafeNext: whatever comes in, what goes out stays on the origin.
+func FuzzSafeNext(f *testing.F) {
+	for _, s := range []string{"/", "/\t/evil", "//evil", "/%2F%2Fevil", "/\\evil", "https:evil", "/a?b=c#d"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		out := safeNext(in)
+		checkLocal(t, in, out)
+		if again := safeNext(out); again != out {
+			t.Fatalf("safeNext(%q) = %q, but safeNext(%q) = %q", in, out, out, again)
+		}
+	})
 }
 
 func TestErrorMessage(t *testing.T) {
@@ -65,5 +151,28 @@ func TestSealRoundTrip(t *testing.T) {
 	}
 	if _, err := unseal(newSecret(), sealed); err == nil {
 		t.Fatal("another cookie's key opened the token")
+	}
+}
+
+// TestSignUpLimitPerSubscriber: the sign-up and reset limit counts an IPv6
+// client by its /64, as the APIs do, so a subscriber's 2^64 addresses are
+// one client, not 2^64 fresh allowances.
+func TestSignUpLimitPerSubscriber(t *testing.T) {
+	p := &Panel{cfg: Config{Now: time.Now}}
+	ask := func(addr string) error {
+		r := httptest.NewRequest("POST", "/signup", nil)
+		r.RemoteAddr = addr
+		return p.limited(&req{w: httptest.NewRecorder(), r: r, p: p}, "")
+	}
+	for i := range 10 {
+		if err := ask(fmt.Sprintf("[2001:db8:1:2::%x]:4000", i+1)); err != nil {
+			t.Fatalf("sign-up %d: %v", i, err)
+		}
+	}
+	if err := ask("[2001:db8:1:2:ffff::1]:4000"); err == nil {
+		t.Fatal("an 11th sign-up from one /64 was let through")
+	}
+	if err := ask("[2001:db8:1:3::1]:4000"); err != nil {
+		t.Fatalf("another /64: %v", err)
 	}
 }
