@@ -412,9 +412,9 @@ func (p *Panel) configureQuote(q *req) error {
 	return json.NewEncoder(q.w).Encode(a)
 }
 
-// configureOrder orders the choice: its flavor (made if new), the key, the
-// servers on the project's private network, and a prepaid term for each.
-// A visitor is sent to sign up first, keeping the choice.
+// configureOrder orders the choice: the key, the servers on the project's
+// private network with the flavor of their size, and a prepaid term for
+// each. A visitor is sent to sign up first, keeping the choice.
 func (p *Panel) configureOrder(q *req) error {
 	c := parseChoice(q.r.PostForm)
 	if q.r.PostForm.Get("update") != "" {
@@ -427,7 +427,7 @@ func (p *Panel) configureOrder(q *req) error {
 	if e := p.estimate(q, c); len(e.Problems) > 0 {
 		return q.back(back, BadRequest(strings.Join(e.Problems, " ")))
 	}
-	private, err := p.order(q, c)
+	_, private, err := p.order(q, c)
 	if err != nil {
 		return q.back(back, err)
 	}
@@ -437,27 +437,31 @@ func (p *Panel) configureOrder(q *req) error {
 	return q.redirect("/servers", q.T("Your servers are being built."))
 }
 
-// order does the order's steps through the API; it answers a generated
-// private key, to be shown once.
-func (p *Panel) order(q *req, c choice) (string, error) {
+// order does the order's steps as the member, the checks first: the
+// estimate's (image, quota, money, capacity), then the network and the
+// key. Only then is the flavor of the size taken, or made private to the
+// member's project (compute.ProjectFlavor, acting for the member's
+// validated token), and given back when the servers are refused. It
+// answers the servers' key pair and a generated private key, to be shown
+// once.
+func (p *Panel) order(q *req, c choice) (key, private string, err error) {
 	ctx := q.r.Context()
-	flavor, _, err := p.cfg.Compute.FlavorFor(ctx, c.shape())
-	var ce *api.Error
-	if errors.As(err, &ce) {
-		return "", &APIError{Status: ce.Status, Message: ce.Message} // shown as the API's would be
-	}
-	if err != nil {
-		return "", err
-	}
-	key, private, err := p.orderKey(q, c)
-	if err != nil {
-		return "", err
-	}
 	netID, err := privateNetwork(ctx, q.api)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	sv := map[string]any{"name": c.Name, "imageRef": image.CatalogID(c.Image), "flavorRef": flavor,
+	if key, private, err = p.orderKey(q, c); err != nil {
+		return "", "", err
+	}
+	caller, err := p.cfg.Identity.Validate(ctx, q.s.Token)
+	if err != nil {
+		return "", "", asAPIError(err)
+	}
+	flavor, err := p.cfg.Compute.ProjectFlavor(ctx, caller, c.shape())
+	if err != nil {
+		return "", "", asAPIError(err)
+	}
+	sv := map[string]any{"name": c.Name, "imageRef": image.CatalogID(c.Image), "flavorRef": flavor.ID,
 		"min_count": c.Quantity, "max_count": c.Quantity, "networks": []map[string]string{{"uuid": netID}},
 		"return_reservation_id": true}
 	if key != "" {
@@ -470,18 +474,39 @@ func (p *Panel) order(q *req, c choice) (string, error) {
 		ReservationID string `json:"reservation_id"`
 	}
 	if err := q.api.Post(ctx, Compute, "/servers", map[string]any{"server": sv}, &res); err != nil {
-		return "", err
+		if rerr := p.cfg.Compute.ReleaseFlavor(context.WithoutCancel(ctx), caller, flavor); rerr != nil {
+			p.cfg.Log.Warn("panel: giving back an order's flavor", "flavor", flavor.ID, "error", rerr)
+		}
+		return "", "", err
 	}
 	if c.Tariff == billing.TariffPrepaid {
 		if err := buyTerms(ctx, q.api, res.ReservationID, c.TermMonths); err != nil {
-			return "", err
+			return "", "", err
 		}
 	}
-	return private, nil
+	return key, private, nil
 }
 
-// orderKey is the key pair the servers get: an existing one, or one
-// imported now from a pasted or generated public key.
+// asAPIError shows a service's own error (compute's, identity's) as the
+// API's would be.
+func asAPIError(err error) error {
+	var ce *api.Error
+	if errors.As(err, &ce) {
+		return &APIError{Status: ce.Status, Message: ce.Message}
+	}
+	return err
+}
+
+// noKey is why a Linux server needs a key.
+const noKey = "Choose one of your SSH keys, or paste or generate one: a Linux server without a key cannot be logged into."
+
+// keyless is a Linux server ordered with "One of my keys" and none named.
+func (c choice) keyless() bool {
+	return !c.windows() && c.KeyMode == "existing" && c.KeyName == ""
+}
+
+// orderKey is the key pair the servers get: an existing one of the
+// member's, or one imported now from a pasted or generated public key.
 func (p *Panel) orderKey(q *req, c choice) (name, private string, err error) {
 	if c.windows() {
 		return "", "", nil
@@ -489,7 +514,14 @@ func (p *Panel) orderKey(q *req, c choice) (name, private string, err error) {
 	pub := c.PublicKey
 	switch c.KeyMode {
 	case "existing":
-		return c.KeyName, "", nil
+		if c.keyless() {
+			return "", "", BadRequest(q.T(noKey))
+		}
+		err := q.api.Get(q.r.Context(), Compute, "/os-keypairs/"+url.PathEscape(c.KeyName), nil)
+		if StatusOf(err) == http.StatusNotFound {
+			return "", "", BadRequest(q.T("You have no SSH key named %s: choose one of your keys, or paste or generate one.", c.KeyName))
+		}
+		return c.KeyName, "", err
 	case "generate":
 		if pub, private, err = GenerateKey(c.Name); err != nil {
 			return "", "", err
