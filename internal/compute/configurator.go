@@ -16,9 +16,10 @@ import (
 )
 
 // The panel's configurator: what a customer may choose (Options), the
-// flavor of a choice (FlavorFor) and whether it can be placed now
-// (Capacity). Any configuration the configurator can produce is a flavor
-// the API sees (PRODUCT.md, Flavors).
+// flavor an order of a choice uses (ProjectFlavor, project_flavors.go) and
+// whether it can be placed now (Capacity). Any configuration the
+// configurator can produce is a flavor the ordering project sees through
+// the API (PRODUCT.md, Flavors).
 
 // Boot disk bounds, and the catalogue's disk size per vCPU (d1.2g has 20
 // GB, d4.8g 80 GB), which a canonical flavor name leaves out.
@@ -361,8 +362,8 @@ func (sh Shape) specs() map[string]string {
 	return m
 }
 
-// flavor is the public flavor the configurator creates for the shape; its
-// id is its name, as the catalogue's are, so scripts can name it.
+// flavor is a flavor of exactly the shape under the shape's Name, as the
+// scheduler and the catalogue see it.
 func (sh Shape) flavor() *Flavor {
 	desc := fmt.Sprintf("%d dedicated vCPU, %d GB RAM, %d GB %s disk", sh.VCPUs, sh.RAMGB, sh.DiskGB, sh.DiskType)
 	if sh.GPUCount > 0 {
@@ -376,11 +377,27 @@ func (sh Shape) flavor() *Flavor {
 		RxTxFactor: 1, IsPublic: true, ExtraSpecs: sh.specs(), Description: &desc}
 }
 
+// ownFlavor is the shape's flavor private to project. Flavor ids and names
+// are unique across projects, so both are the shape's Name and the
+// project's id; the id is the name, as the catalogue's are, so the
+// project's scripts can name it.
+func (sh Shape) ownFlavor(project string) *Flavor {
+	f := sh.flavor()
+	f.ID = sh.Name() + "." + project
+	f.Name, f.IsPublic = f.ID, false
+	return f
+}
+
 // matches reports whether f is exactly the shape's flavor: usable by
 // everyone, the same sizes and the same extra specs, no more (a spec such
 // as hw:numa_nodes or quota:* would change the server).
-func (sh Shape) matches(f *Flavor) bool {
-	return f.IsPublic && !f.Disabled && f.VCPUs == sh.VCPUs && f.RAM == sh.RAMGB*1024 && f.Disk == sh.DiskGB &&
+func (sh Shape) matches(f *Flavor) bool { return f.IsPublic && sh.sized(f) }
+
+// matchesOwn is matches for a project's own flavor, which is private.
+func (sh Shape) matchesOwn(f *Flavor) bool { return !f.IsPublic && sh.sized(f) }
+
+func (sh Shape) sized(f *Flavor) bool {
+	return !f.Disabled && f.VCPUs == sh.VCPUs && f.RAM == sh.RAMGB*1024 && f.Disk == sh.DiskGB &&
 		f.Ephemeral == 0 && f.Swap == 0 && mapsEqual(f.ExtraSpecs, sh.specs())
 }
 
@@ -396,46 +413,14 @@ func mapsEqual(a, b map[string]string) bool {
 	return true
 }
 
-// FlavorFor returns the public flavor of exactly the shape (the
-// catalogue's d1.2g.local is found, not duplicated), creating it under
-// the shape's Name when there is none; created says it was. It never
-// changes an existing flavor: when the name is taken by one that is not
-// the shape's (private, disabled, other specs), it answers 409. Two calls at once end with one flavor.
-func (s *Service) FlavorFor(ctx context.Context, sh Shape) (id string, created bool, err error) {
-	o, err := s.Options(ctx)
-	if err != nil {
-		return "", false, err
-	}
-	if err := sh.Validate(o); err != nil {
-		return "", false, err
-	}
-	want := sh.flavor()
-	for range 2 {
-		id, err := s.findFlavor(ctx, sh)
-		if err != nil || id != "" {
-			return id, false, err
-		}
-		want.CreatedAt = s.now()
-		err = s.db.Tx(ctx, func(tx *store.Tx) error { return insertFlavor(ctx, tx, want) })
-		if err == nil {
-			return want.ID, true, nil
-		}
-		if !isConflict(err) {
-			return "", false, err
-		}
-		// Another call made it meanwhile, or the name is someone else's:
-		// read again.
-	}
-	return "", false, api.Conflict("Flavor %s already exists and is not this configuration's: it is private, disabled or of other sizes or extra specs.", want.Name)
-}
-
 func isConflict(err error) bool {
 	var e *api.Error
 	return errors.Is(err, store.ErrConflict) || (errors.As(err, &e) && e.Status == http.StatusConflict)
 }
 
-// findFlavor returns the id of the shape's flavor, "" when there is none:
-// the one under the shape's name if it matches, else the oldest that does.
+// findFlavor returns the id of the shape's public flavor, "" when there is
+// none: the one under the shape's name if it matches, else the oldest that
+// does.
 func (s *Service) findFlavor(ctx context.Context, sh Shape) (string, error) {
 	rows, err := s.db.Query(ctx, `SELECT id FROM compute_flavors WHERE vcpus = ? AND ram = ? AND disk = ?
  AND ephemeral = 0 AND swap = 0 AND is_public = 1 AND disabled = 0 ORDER BY created_at, id`,

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
 
 	"nimbus/internal/api"
@@ -115,48 +116,78 @@ func checkAPIError(t *testing.T, err error, status int, msg string) {
 	}
 }
 
-// TestFlavorFor: the catalogue's flavors are found, a new shape gets one
-// flavor under the configurator's name, seen through the API.
-func TestFlavorFor(t *testing.T) {
+// caller is a member of the named project, as the panel acts for one.
+func caller(t *testing.T, e *env, project string) *api.Caller {
+	t.Helper()
+	p, err := e.c.Identity.ProjectByName(context.Background(), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &api.Caller{ProjectID: p.ID, Roles: []string{"member"}}
+}
+
+// specsOf are the extra specs a configurator flavor of sh has.
+func specsOf(sh compute.Shape) map[string]string {
+	specs := map[string]string{"hw:cpu_policy": "dedicated", "nimbus:disk_type": sh.DiskType,
+		"nimbus:public_ipv4": fmt.Sprint(sh.PublicIPv4)}
+	if sh.GPUCount > 0 {
+		specs["nimbus:gpu_model"] = sh.GPUModel
+		specs["pci_passthrough:alias"] = fmt.Sprintf("%s:%d", map[string]string{a100: "a100-80gb", l4: "l4"}[sh.GPUModel], sh.GPUCount)
+	}
+	return specs
+}
+
+// TestProjectFlavor: the catalogue's flavors are used as they are; a new
+// shape gets a flavor private to the ordering project, taken again by its
+// next order of the shape, which the project sees through the API and
+// another project does not.
+func TestProjectFlavor(t *testing.T) {
 	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
 		e := newEnv(t, dbURL)
 		ctx := context.Background()
+		demo := caller(t, e, cloud.DemoProject)
 		pc := testenv.Compute(t, testenv.Provider(t, e.c, cloud.DemoUser), "2.61")
+		admin := testenv.Compute(t, testenv.Provider(t, e.c, cloud.AdminUser), "2.61")
+		own := func(name string) string { return name + "." + demo.ProjectID }
 		tests := []struct {
-			name    string
-			shape   compute.Shape
-			id      string
-			created bool
+			name  string
+			shape compute.Shape
+			id    string
+			lease int64
 		}{
-			{"catalogue", compute.Shape{VCPUs: 1, RAMGB: 2, DiskGB: 20, DiskType: "local"}, "d1.2g.local", false},
-			{"catalogue with IPv4", compute.Shape{VCPUs: 4, RAMGB: 8, DiskGB: 80, DiskType: "network", PublicIPv4: true}, "d4.8g.network.ipv4", false},
-			{"catalogue GPU", compute.Shape{VCPUs: 16, RAMGB: 120, DiskGB: 200, DiskType: "local", GPUModel: a100, GPUCount: 1, PublicIPv4: true}, "g.a100-80gb.x1", false},
-			{"new size", compute.Shape{VCPUs: 3, RAMGB: 6, DiskGB: 60, DiskType: "local"}, "d3.6g.local", true},
-			{"same again", compute.Shape{VCPUs: 3, RAMGB: 6, DiskGB: 60, DiskType: "local"}, "d3.6g.local", false},
-			{"catalogue size, other disk", compute.Shape{VCPUs: 2, RAMGB: 4, DiskGB: 100, DiskType: "network"}, "d2.4g.network.100gb", true},
-			{"GPUs and IPv4", compute.Shape{VCPUs: 8, RAMGB: 64, DiskGB: 100, DiskType: "local", GPUModel: l4, GPUCount: 2, PublicIPv4: true}, "d8.64g.local.100gb.l4x2.ipv4", true},
-			{"catalogue GPU size without IPv4", compute.Shape{VCPUs: 16, RAMGB: 120, DiskGB: 200, DiskType: "local", GPUModel: a100, GPUCount: 1}, "d16.120g.local.200gb.a100-80gbx1", true},
+			{"catalogue", compute.Shape{VCPUs: 1, RAMGB: 2, DiskGB: 20, DiskType: "local"}, "d1.2g.local", 0},
+			{"catalogue with IPv4", compute.Shape{VCPUs: 4, RAMGB: 8, DiskGB: 80, DiskType: "network", PublicIPv4: true}, "d4.8g.network.ipv4", 0},
+			{"catalogue GPU", compute.Shape{VCPUs: 16, RAMGB: 120, DiskGB: 200, DiskType: "local", GPUModel: a100, GPUCount: 1, PublicIPv4: true}, "g.a100-80gb.x1", 0},
+			{"new size", compute.Shape{VCPUs: 3, RAMGB: 6, DiskGB: 60, DiskType: "local"}, own("d3.6g.local"), 1},
+			{"same again", compute.Shape{VCPUs: 3, RAMGB: 6, DiskGB: 60, DiskType: "local"}, own("d3.6g.local"), 2},
+			{"catalogue size, other disk", compute.Shape{VCPUs: 2, RAMGB: 4, DiskGB: 100, DiskType: "network"}, own("d2.4g.network.100gb"), 1},
+			{"GPUs and IPv4", compute.Shape{VCPUs: 8, RAMGB: 64, DiskGB: 100, DiskType: "local", GPUModel: l4, GPUCount: 2, PublicIPv4: true}, own("d8.64g.local.100gb.l4x2.ipv4"), 1},
+			{"catalogue GPU size without IPv4", compute.Shape{VCPUs: 16, RAMGB: 120, DiskGB: 200, DiskType: "local", GPUModel: a100, GPUCount: 1}, own("d16.120g.local.200gb.a100-80gbx1"), 1},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				id, created, err := e.c.Compute.FlavorFor(ctx, tt.shape)
-				if err != nil || id != tt.id || created != tt.created {
-					t.Fatalf("FlavorFor = %q, %v, %v; want %q, %v", id, created, err, tt.id, tt.created)
+				of, err := e.c.Compute.ProjectFlavor(ctx, demo, tt.shape)
+				if err != nil || of.ID != tt.id || of.Lease != tt.lease {
+					t.Fatalf("ProjectFlavor = %+v, %v; want %q, lease %d", of, err, tt.id, tt.lease)
 				}
-				f, err := flavors.Get(ctx, pc, id).Extract()
+				f, err := flavors.Get(ctx, pc, of.ID).Extract()
 				if err != nil {
 					t.Fatal(err)
 				}
 				sh := tt.shape
-				specs := map[string]string{"hw:cpu_policy": "dedicated", "nimbus:disk_type": sh.DiskType,
-					"nimbus:public_ipv4": fmt.Sprint(sh.PublicIPv4)}
-				if sh.GPUCount > 0 {
-					specs["nimbus:gpu_model"] = sh.GPUModel
-					specs["pci_passthrough:alias"] = fmt.Sprintf("%s:%d", map[string]string{a100: "a100-80gb", l4: "l4"}[sh.GPUModel], sh.GPUCount)
+				if f.Name != tt.id || f.VCPUs != sh.VCPUs || f.RAM != sh.RAMGB*1024 || f.Disk != sh.DiskGB || f.IsPublic != (tt.lease == 0) ||
+					!mapEqual(f.ExtraSpecs, specsOf(sh)) {
+					t.Errorf("flavor %+v, want %+v with %v", f, sh, specsOf(sh))
 				}
-				if f.Name != tt.id || f.VCPUs != sh.VCPUs || f.RAM != sh.RAMGB*1024 || f.Disk != sh.DiskGB || !f.IsPublic ||
-					!mapEqual(f.ExtraSpecs, specs) {
-					t.Errorf("flavor %+v, want %+v with %v", f, sh, specs)
+				if tt.lease > 0 {
+					access, err := flavors.ListAccesses(admin, of.ID).AllPages(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					list, _ := flavors.ExtractAccesses(access)
+					if len(list) != 1 || list[0].TenantID != demo.ProjectID {
+						t.Errorf("access list %+v, want only %s", list, demo.ProjectID)
+					}
 				}
 			})
 		}
@@ -166,7 +197,40 @@ func TestFlavorFor(t *testing.T) {
 				t.Errorf("%s: %d flavors of the shape", tt.name, n)
 			}
 		}
+		// Another project sees none of them, and gets its own.
+		other := &api.Caller{ProjectID: caller(t, e, cloud.AdminProject).ProjectID}
+		otherList := flavorNames(t, admin)
+		for _, tt := range tests {
+			if tt.lease > 0 && slices.Contains(otherList, tt.id) {
+				t.Errorf("another project lists %s", tt.id)
+			}
+		}
+		of, err := e.c.Compute.ProjectFlavor(ctx, other, tests[3].shape)
+		if err != nil || of.ID != "d3.6g.local."+other.ProjectID || of.Lease != 1 {
+			t.Errorf("another project's order of d3.6g.local: %+v, %v", of, err)
+		}
+		// A caller without a project acts for none.
+		_, err = e.c.Compute.ProjectFlavor(ctx, &api.Caller{UserID: "u"}, tests[3].shape)
+		checkAPIError(t, err, 403, "Ordering a server needs a token scoped to a project.")
 	})
+}
+
+// flavorNames lists the flavors sc's caller sees by default.
+func flavorNames(t *testing.T, sc *gophercloud.ServiceClient) []string {
+	t.Helper()
+	pages, err := flavors.ListDetail(sc, nil).AllPages(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := flavors.ExtractFlavors(pages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range all {
+		out = append(out, f.Name)
+	}
+	return out
 }
 
 func mapEqual(a, b map[string]string) bool {
@@ -203,62 +267,146 @@ func countFlavors(t *testing.T, e *env, sh compute.Shape) int {
 	return n
 }
 
-// TestFlavorForConcurrent: calls at once for one new shape end with one
-// flavor, created by one of them.
-func TestFlavorForConcurrent(t *testing.T) {
+// TestProjectFlavorConcurrent: orders at once of one new shape end with
+// one flavor, each with a hand-out of its own.
+func TestProjectFlavorConcurrent(t *testing.T) {
 	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
 		e := newEnv(t, dbURL)
+		demo := caller(t, e, cloud.DemoProject)
 		sh := compute.Shape{VCPUs: 6, RAMGB: 12, DiskGB: 50, DiskType: "network", PublicIPv4: true}
 		const n = 8
 		var wg sync.WaitGroup
-		ids, created, errs := make([]string, n), make([]bool, n), make([]error, n)
+		got, errs := make([]compute.OrderFlavor, n), make([]error, n)
 		for i := range n {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ids[i], created[i], errs[i] = e.c.Compute.FlavorFor(context.Background(), sh)
+				got[i], errs[i] = e.c.Compute.ProjectFlavor(context.Background(), demo, sh)
 			}()
 		}
 		wg.Wait()
-		made := 0
+		leases := map[int64]bool{}
 		for i := range n {
-			if errs[i] != nil || ids[i] != "d6.12g.network.50gb.ipv4" {
-				t.Errorf("call %d: %q, %v", i, ids[i], errs[i])
+			if errs[i] != nil || got[i].ID != "d6.12g.network.50gb.ipv4."+demo.ProjectID {
+				t.Errorf("order %d: %+v, %v", i, got[i], errs[i])
 			}
-			if created[i] {
-				made++
-			}
+			leases[got[i].Lease] = true
 		}
-		if made != 1 {
-			t.Errorf("%d calls say they created it", made)
+		if len(leases) != n {
+			t.Errorf("hand-outs %v, want %d distinct", leases, n)
 		}
-		if got := countFlavors(t, e, sh); got != 1 {
-			t.Errorf("%d flavors of the shape", got)
+		if c := countFlavors(t, e, sh); c != 1 {
+			t.Errorf("%d flavors of the shape", c)
 		}
 	})
 }
 
-// TestFlavorForNameTaken: a flavor of another configuration under the
-// configurator's name is left alone, and the call answers 409; a disabled
-// or private flavor of the shape is not the shape's flavor.
-func TestFlavorForNameTaken(t *testing.T) {
+// TestProjectFlavorBound: a project holds at most MaxProjectFlavors
+// flavors of its own, also when its orders race; a flavor no server uses
+// is given back by a refused order, dropped after the grace by the next
+// new size, and goes with the last server of its size.
+func TestProjectFlavorBound(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		e := newEnv(t, dbURL)
+		ctx := context.Background()
+		demo := caller(t, e, cloud.DemoProject)
+		size := func(ram int) compute.Shape { return compute.Shape{VCPUs: 1, RAMGB: ram, DiskGB: 10, DiskType: "local"} }
+		own := func() int {
+			var n int
+			if err := e.c.DB.QueryRow(ctx, "SELECT COUNT(*) FROM compute_project_flavors WHERE project_id = ?", demo.ProjectID).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		// Twice the bound at once: the bound holds, the rest are refused.
+		var wg sync.WaitGroup
+		errs := make([]error, 2*compute.MaxProjectFlavors)
+		for i := range errs {
+			wg.Add(1)
+			go func() { defer wg.Done(); _, errs[i] = e.c.Compute.ProjectFlavor(ctx, demo, size(i+1)) }()
+		}
+		wg.Wait()
+		refused := 0
+		for _, err := range errs {
+			if err != nil {
+				checkAPIError(t, err, 403, fmt.Sprintf("Your servers already use %d sizes of your own, the most a project may: choose a size of the catalogue, or delete the servers of a size you no longer need.", compute.MaxProjectFlavors))
+				refused++
+			}
+		}
+		if n := own(); n != compute.MaxProjectFlavors || refused != compute.MaxProjectFlavors {
+			t.Fatalf("%d flavors of its own, %d orders refused; want %d each", n, refused, compute.MaxProjectFlavors)
+		}
+
+		// A refused order gives its hand-out back: the flavor goes,
+		// unless another order took it since.
+		var taken []compute.OrderFlavor
+		for ram := 1; ram <= 2*compute.MaxProjectFlavors && len(taken) < 2; ram++ {
+			if of, err := e.c.Compute.ProjectFlavor(ctx, demo, size(ram)); err == nil {
+				taken = append(taken, of)
+			}
+		}
+		stale := taken[0]
+		stale.Lease--
+		if err := e.c.Compute.ReleaseFlavor(ctx, demo, stale); err != nil || own() != compute.MaxProjectFlavors {
+			t.Errorf("giving back an older hand-out: %v, %d left", err, own())
+		}
+		if err := e.c.Compute.ReleaseFlavor(ctx, demo, taken[0]); err != nil || own() != compute.MaxProjectFlavors-1 {
+			t.Errorf("giving back the last hand-out: %v, %d left", err, own())
+		}
+		if err := e.c.Compute.ReleaseFlavor(ctx, caller(t, e, cloud.AdminProject), taken[1]); err != nil || own() != compute.MaxProjectFlavors-1 {
+			t.Errorf("another project gave back a hand-out: %v, %d left", err, own())
+		}
+
+		// One in use by a server is kept; the unused ones go once the
+		// grace has passed.
+		e.flavorID = taken[1].ID
+		id := e.create(e.demo, "2.96", "")
+		e.wait(id, e.demo, "ACTIVE")
+		if _, err := e.c.DB.Exec(ctx, "UPDATE compute_project_flavors SET handed_at = ?", "2000-01-01T00:00:00.000000Z"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.c.Compute.ProjectFlavor(ctx, demo, size(100)); err != nil {
+			t.Fatal(err)
+		}
+		if n := own(); n != 2 {
+			t.Errorf("after the grace %d flavors of its own, want the one in use and the new one", n)
+		}
+
+		// The last server of its size deleted, its flavor goes.
+		e.must(204, "DELETE", "/servers/"+id, e.demo, "", "")
+		e.waitGone(id, e.demo)
+		if st, _, _ := e.do("GET", "/flavors/"+taken[1].ID, e.admin, "", ""); st != 404 {
+			t.Errorf("the flavor of a deleted server's size: %d", st)
+		}
+		if n := own(); n != 1 {
+			t.Errorf("%d flavors of its own after the delete, want 1", n)
+		}
+	})
+}
+
+// TestProjectFlavorNameTaken: a flavor of another configuration under the
+// name of the project's own is left alone, and the order answers 409; a
+// private flavor of the shape that is not the project's is not used.
+func TestProjectFlavorNameTaken(t *testing.T) {
 	e := newEnv(t, "")
-	e.flavor("d5.10g.local", 5, 10240, 100, map[string]string{"hw:cpu_policy": "dedicated"})
-	_, _, err := e.c.Compute.FlavorFor(context.Background(), compute.Shape{VCPUs: 5, RAMGB: 10, DiskGB: 100, DiskType: "local"})
-	checkAPIError(t, err, 409, "Flavor d5.10g.local already exists and is not this configuration's: it is private, disabled or of other sizes or extra specs.")
-	f := e.must(200, "GET", "/flavors/d5.10g.local", e.admin, "2.61", "")["flavor"].(map[string]any)
+	demo := caller(t, e, cloud.DemoProject)
+	name := "d5.10g.local." + demo.ProjectID
+	e.flavor(name, 5, 10240, 100, map[string]string{"hw:cpu_policy": "dedicated"})
+	_, err := e.c.Compute.ProjectFlavor(context.Background(), demo, compute.Shape{VCPUs: 5, RAMGB: 10, DiskGB: 100, DiskType: "local"})
+	checkAPIError(t, err, 409, "Flavor "+name+" already exists and is not this configuration's.")
+	f := e.must(200, "GET", "/flavors/"+name, e.admin, "2.61", "")["flavor"].(map[string]any)
 	if specs := f["extra_specs"].(map[string]any); len(specs) != 1 || f["disk"] != float64(100) {
 		t.Errorf("the taken flavor changed: %v", f)
 	}
 
-	// A private flavor of exactly the shape is someone's own: a public one
-	// is made beside it.
+	// A private flavor of exactly the shape is someone's own: the
+	// project gets its own beside it.
 	e.must(200, "POST", "/flavors", e.admin, "", `{"flavor":{"name":"mine","id":"mine","vcpus":7,"ram":7168,"disk":140,"os-flavor-access:is_public":false}}`)
 	e.must(200, "POST", "/flavors/mine/os-extra_specs", e.admin, "",
 		`{"extra_specs":{"hw:cpu_policy":"dedicated","nimbus:disk_type":"local","nimbus:public_ipv4":"false"}}`)
-	id, created, err := e.c.Compute.FlavorFor(context.Background(), compute.Shape{VCPUs: 7, RAMGB: 7, DiskGB: 140, DiskType: "local"})
-	if err != nil || id != "d7.7g.local" || !created {
-		t.Errorf("beside a private flavor: %q, %v, %v", id, created, err)
+	of, err := e.c.Compute.ProjectFlavor(context.Background(), demo, compute.Shape{VCPUs: 7, RAMGB: 7, DiskGB: 140, DiskType: "local"})
+	if err != nil || of.ID != "d7.7g.local."+demo.ProjectID || of.Lease != 1 {
+		t.Errorf("beside a private flavor: %+v, %v", of, err)
 	}
 }
 
@@ -308,11 +456,12 @@ func TestCapacity(t *testing.T) {
 		})
 
 		// Two servers take the four A100s and 32 of the GPU host's vCPUs.
-		id, _, err := e.c.Compute.FlavorFor(ctx, gpu(16, a100, 2))
+		demo := caller(t, e, cloud.DemoProject)
+		of, err := e.c.Compute.ProjectFlavor(ctx, demo, gpu(16, a100, 2))
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.flavorID = id
+		e.flavorID = of.ID
 		e.create(e.demo, "2.96", `,"min_count":2,"max_count":2`)
 		check(t, []step{
 			{"A100 gone", gpu(4, a100, 1), 1, 0, "No host has 1 free A100 80GB GPU right now."},
@@ -326,11 +475,11 @@ func TestCapacity(t *testing.T) {
 		if err := e.c.DB.QueryRow(ctx, "SELECT COUNT(*) FROM compute_claims").Scan(&claims); err != nil || claims != 2 {
 			t.Errorf("%d claims in the store, %v; want 2", claims, err)
 		}
-		id, _, err = e.c.Compute.FlavorFor(ctx, gpu(64, l4, 2))
+		of, err = e.c.Compute.ProjectFlavor(ctx, demo, gpu(64, l4, 2))
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.flavorID = id
+		e.flavorID = of.ID
 		e.wait(e.create(e.demo, "2.96", ""), e.demo, "ACTIVE")
 
 		// A bad quantity or shape is the caller's.

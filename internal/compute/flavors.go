@@ -562,25 +562,33 @@ func (s *Service) deleteFlavor(r *http.Request) (*api.Response, error) {
 	ctx := r.Context()
 	id := r.PathValue("id")
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		for _, q := range []string{"DELETE FROM compute_flavor_extra_specs WHERE flavor_id = ?",
-			"DELETE FROM compute_flavor_projects WHERE flavor_id = ?"} {
-			if _, err := tx.Exec(ctx, q, id); err != nil {
-				return err
-			}
-		}
-		res, err := tx.Exec(ctx, "DELETE FROM compute_flavors WHERE id = ?", id)
-		if err != nil {
-			return err
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
+		found, err := deleteFlavorRows(ctx, tx, id)
+		if err == nil && !found {
 			return flavorNotFound(id)
 		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return api.Empty(http.StatusAccepted), nil
+}
+
+// deleteFlavorRows deletes a flavor with its extra specs, access list and
+// project-flavor row; found is false when there was no such flavor.
+func deleteFlavorRows(ctx context.Context, tx *store.Tx, id string) (found bool, err error) {
+	for _, q := range []string{"DELETE FROM compute_flavor_extra_specs WHERE flavor_id = ?",
+		"DELETE FROM compute_flavor_projects WHERE flavor_id = ?", "DELETE FROM compute_project_flavors WHERE flavor_id = ?"} {
+		if _, err := tx.Exec(ctx, q, id); err != nil {
+			return false, err
+		}
+	}
+	res, err := tx.Exec(ctx, "DELETE FROM compute_flavors WHERE id = ?", id)
+	if err != nil {
+		return false, err
+	}
+	n, _ := res.RowsAffected()
+	return n > 0, nil
 }
 
 // Extra specs (flavors_extraspecs.py).

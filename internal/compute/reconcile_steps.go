@@ -134,7 +134,12 @@ func (s *Service) stepDelete(ctx context.Context, sv *server, started time.Time)
 		cur.VMState, cur.TaskState, cur.Power = vmDeleted, "", int(driver.NoState)
 		cur.Deleted = true
 		cur.TerminatedAt = &now
-		return s.finish(ctx, tx, cur, "compute_terminate_instance", started, nil)
+		if err := s.finish(ctx, tx, cur, "compute_terminate_instance", started, nil); err != nil {
+			return err
+		}
+		// The configurator's flavor of the project's last server of its
+		// size goes with it.
+		return s.dropFlavorOf(ctx, tx, cur)
 	})
 	if err == nil && shelved != "" {
 		_ = s.images.Delete(ctx, shelved)

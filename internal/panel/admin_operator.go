@@ -174,7 +174,7 @@ func (p *Panel) seen(q *req, at string) string {
 	case d < 48*time.Hour:
 		return q.T("seen %d h ago", int(d.Hours()))
 	}
-	return q.T("seen %s", t.Format("2006-01-02"))
+	return q.T("seen %s", timeText(t))
 }
 
 func b2i(b bool) int {
@@ -421,17 +421,7 @@ func (l rateList) decimals() int {
 
 // major writes a rate in major units, exactly, with at least two places:
 // 5000 rate units (0.5 of a minor unit) is "0.005".
-func (l rateList) major(rate int64) string {
-	s := new(big.Rat).SetFrac64(rate, l.unitsPerMajor()).FloatString(l.decimals())
-	if strings.Contains(s, ".") {
-		s = strings.TrimRight(s, "0")
-	}
-	whole, frac, _ := strings.Cut(s, ".")
-	for len(frac) < 2 {
-		frac += "0"
-	}
-	return whole + "." + frac
-}
+func (l rateList) major(rate int64) string { return rateText(rate, l.scale) }
 
 var decimalRE = regexp.MustCompile(`^[0-9]{1,15}([.,][0-9]+)?$`)
 
@@ -452,17 +442,6 @@ func (l rateList) parseRate(s string) (int64, bool) {
 		return 0, false
 	}
 	return r.Num().Int64(), true
-}
-
-// monthly is a rate's price per month in minor units, rounded half up.
-func (l rateList) monthly(rate int64) int64 {
-	v := new(big.Int).Mul(big.NewInt(rate), big.NewInt(l.hoursPerMonth))
-	v.Add(v, big.NewInt(l.scale/2))
-	v.Quo(v, big.NewInt(l.scale))
-	if !v.IsInt64() {
-		return 0
-	}
-	return v.Int64()
 }
 
 // rateRow is one field of the editor.
@@ -573,7 +552,7 @@ func (p *Panel) pricesEditor(q *req) error {
 		v := l.rates[k]
 		g := groupOf(k)
 		groups[g].Rows = append(groups[g].Rows, rateRow{Key: k, ID: "rate-" + strconv.Itoa(i), Label: rateLabel(q, k),
-			Value: l.major(v), Monthly: p.cfg.Money.Format(l.monthly(v)), Named: isNamed(k)})
+			Value: l.major(v), Monthly: p.cfg.Money.Exact(perMonth(v, l.hoursPerMonth)), Named: isNamed(k)})
 	}
 	for _, g := range groups {
 		if len(g.Rows) > 0 || g.Map != "" {

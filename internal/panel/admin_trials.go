@@ -97,7 +97,7 @@ func (p *Panel) approveTrial(q *req) error {
 	if err := q.api.Post(q.r.Context(), Billing, "/v1/trials/"+url.PathEscape(q.r.PathValue("id"))+"/approve", body, nil); err != nil {
 		return q.back("/admin/trials", err)
 	}
-	return q.redirect("/admin/trials", q.T("The trial is approved with %s until %s.", p.cfg.Money.Format(credit), ends.Format("2006-01-02 15:04 UTC")))
+	return q.redirect("/admin/trials", q.T("The trial is approved with %s until %s.", p.cfg.Money.Format(credit), timeText(ends)))
 }
 
 // declineTrial refuses the trial, telling the customer why.

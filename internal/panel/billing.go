@@ -2,6 +2,7 @@ package panel
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"net/url"
 	"nimbus/internal/billing"
@@ -57,8 +58,9 @@ type (
 		Hourly     int64  `json:"hourly_amount"`
 		Terms      int64  `json:"term_amount"`
 		Amount     int64  `json:"amount"`
-		// Label is the server's name, when it still exists.
-		Label string `json:"-"`
+		// Label is the server's name, when it still exists; PerHour is
+		// the rate its hourly charges came to (perHour).
+		Label, PerHour string `json:"-"`
 	}
 	usage struct {
 		Month     string          `json:"month"`
@@ -107,6 +109,22 @@ func (u resourceUsage) KindText() string {
 		return "Image"
 	}
 	return u.Kind
+}
+
+// perHour is the rate a resource's hourly charges came to in the month:
+// their sum over its hours, exact in billing's rate units, marked "≈"
+// when a resize within the month made it an average that does not divide
+// evenly; "" when it was charged no hours.
+func (u resourceUsage) perHour(m Money) string {
+	if u.Hours <= 0 || u.Hourly > math.MaxInt64/billing.RateScale {
+		return ""
+	}
+	units := u.Hourly * billing.RateScale
+	s := m.Exact(units / int64(u.Hours))
+	if units%int64(u.Hours) != 0 {
+		s = "≈ " + s
+	}
+	return s
 }
 
 // ledgerPageSize is how many ledger rows the billing page shows at once.
@@ -199,7 +217,7 @@ func (p *Panel) billingPage(q *req) error {
 	d.Ledger, d.ServerNames, d.Currency = led.Ledger, names, p.cfg.Money.Currency
 	d.MinTopupMajor = p.cfg.Money.major(d.MinTopup)
 	for i, u := range d.Usage.Resources {
-		d.Usage.Resources[i].Label = names[u.ResourceID]
+		d.Usage.Resources[i].Label, d.Usage.Resources[i].PerHour = names[u.ResourceID], u.perHour(p.cfg.Money)
 	}
 	d.navigation(markers, len(led.Links) > 0, month, p.cfg.Now())
 	for _, t := range d.Trials {

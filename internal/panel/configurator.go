@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -29,32 +30,42 @@ func (p *Panel) configuratorRoutes() []route {
 	}
 }
 
-// priceList reads the price list: through the API for a member, in-process
-// for a visitor (the same numbers).
-func (p *Panel) priceList(q *req) (*billing.PriceList, error) {
-	if q.s == nil {
-		return p.cfg.Billing.Prices(q.r.Context())
-	}
-	var out struct {
-		Prices billing.PriceList `json:"prices"`
-	}
-	if err := q.api.Get(q.r.Context(), Billing, "/v1/prices", &out); err != nil {
-		return nil, err
-	}
-	return &out.Prices, nil
+// priceSheet is the price list and how many hours make a month.
+type priceSheet struct {
+	*billing.PriceList
+	HoursPerMonth int
 }
 
-// priceRow is one line of the price list: per hour and per month, in
-// minor units rounded up as quotes round them.
+// priceList reads the price list: through the API for a member, in-process
+// for a visitor (the same numbers; the price list is public).
+func (p *Panel) priceList(q *req) (priceSheet, error) {
+	if q.s == nil {
+		pl, err := p.cfg.Billing.Prices(q.r.Context())
+		return priceSheet{pl, p.cfg.Billing.HoursPerMonth()}, err
+	}
+	var out struct {
+		Prices struct {
+			Hourly        billing.PriceList `json:"hourly"`
+			HoursPerMonth int               `json:"hours_per_month"`
+		} `json:"prices"`
+	}
+	if err := q.api.Get(q.r.Context(), Billing, "/v1/prices", &out); err != nil {
+		return priceSheet{}, err
+	}
+	return priceSheet{&out.Prices.Hourly, out.Prices.HoursPerMonth}, nil
+}
+
+// priceRow is one line of the price list: the rate per hour and per month,
+// exact (billing.RateScale to a minor unit), as charges add them up.
 type priceRow struct {
-	Item            string
-	Unit            string
-	Hourly, Monthly int64
+	Item, Unit      string
+	Hourly, Monthly string
 }
 
 type pricesPage struct {
-	Rows  []priceRow
-	Terms []termOption
+	Rows          []priceRow
+	Terms         []termOption
+	HoursPerMonth int
 }
 
 // termOption is a prepaid term on sale and its discount in percent.
@@ -68,23 +79,38 @@ func (p *Panel) prices(q *req) error {
 	if err != nil {
 		return err
 	}
-	row := func(item, unit string, rate int64) priceRow {
-		h := (rate + billing.RateScale - 1) / billing.RateScale
-		return priceRow{Item: item, Unit: unit, Hourly: h, Monthly: h * int64(p.cfg.Billing.HoursPerMonth())}
+	var rows []priceRow
+	row := func(item, unit string, rate int64) {
+		if rate != 0 { // nothing is charged for it
+			rows = append(rows, priceRow{Item: item, Unit: unit, Hourly: p.cfg.Money.Exact(rate),
+				Monthly: p.cfg.Money.Exact(perMonth(rate, int64(pl.HoursPerMonth)))})
+		}
 	}
-	rows := []priceRow{row(q.T("vCPU (dedicated)"), q.T("per vCPU"), pl.VCPU), row(q.T("RAM"), q.T("per GB"), pl.RAMGB)}
+	row(q.T("vCPU (dedicated)"), q.T("per vCPU"), pl.VCPU)
+	row(q.T("RAM"), q.T("per GB"), pl.RAMGB)
 	for _, t := range sortedKeys(pl.DiskGB) {
-		rows = append(rows, row(q.T("Boot disk: %s", q.T(t)), q.T("per GB"), pl.DiskGB[t]))
+		row(q.T("Boot disk: %s", q.T(t)), q.T("per GB"), pl.DiskGB[t])
 	}
 	for _, m := range sortedKeys(pl.GPU) {
-		rows = append(rows, row(q.T("GPU %s", m), q.T("per GPU"), pl.GPU[m]))
+		row(q.T("GPU %s", m), q.T("per GPU"), pl.GPU[m])
 	}
-	rows = append(rows, row(q.T("Public IPv4 address"), q.T("per address"), pl.PublicIPv4),
-		row(q.T("Windows licence"), q.T("per vCPU"), pl.WindowsVCPU),
-		row(q.T("Windows licence"), q.T("per server"), pl.WindowsServer),
-		row(q.T("Volume"), q.T("per GB"), pl.VolumeGB), row(q.T("Backup"), q.T("per GB"), pl.BackupGB),
-		row(q.T("Image"), q.T("per GB"), pl.ImageGB))
-	return q.render("prices", q.T("Prices"), pricesPage{Rows: rows, Terms: terms(pl)})
+	row(q.T("Public IPv4 address"), q.T("per address"), pl.PublicIPv4)
+	row(q.T("Windows licence"), q.T("per vCPU"), pl.WindowsVCPU)
+	row(q.T("Windows licence"), q.T("per server"), pl.WindowsServer)
+	row(q.T("Volume"), q.T("per GB"), pl.VolumeGB)
+	row(q.T("Volume snapshot"), q.T("per GB"), pl.SnapshotGB)
+	row(q.T("Backup"), q.T("per GB"), pl.BackupGB)
+	row(q.T("Image"), q.T("per GB"), pl.ImageGB)
+	return q.render("prices", q.T("Prices"), pricesPage{Rows: rows, Terms: terms(pl.PriceList), HoursPerMonth: pl.HoursPerMonth})
+}
+
+// perMonth is a rate times the hours of a month, in rate units: exact, as
+// the month's charges add up (at MaxInt64 past any real price).
+func perMonth(rate, hours int64) int64 {
+	if hours > 0 && rate > math.MaxInt64/hours {
+		return math.MaxInt64
+	}
+	return rate * hours
 }
 
 func sortedKeys(m map[string]int64) []string {
@@ -229,6 +255,9 @@ func (p *Panel) estimate(q *req, c choice) estimate {
 	if _, ok := c.catalogImage(); !ok {
 		e.Problems = append(e.Problems, q.T("Choose an operating system."))
 	}
+	if q.s != nil && c.keyless() {
+		e.Problems = append(e.Problems, q.T(noKey))
+	}
 	if c.Quantity < 1 || c.Quantity > compute.MaxQuantity {
 		e.Problems = append(e.Problems, q.T("The quantity must be 1 to %d.", compute.MaxQuantity))
 		return e
@@ -356,7 +385,16 @@ func (p *Panel) renderConfigure(q *req, c choice) error {
 	if err != nil {
 		return err
 	}
-	page := configurePage{C: c, Opts: opts, Terms: terms(pl), Est: p.estimate(q, c), Query: c.query(), Windows: c.windows()}
+	var keys []string
+	if q.s != nil {
+		if keys, err = memberKeys(q); err != nil {
+			return err
+		}
+		if len(keys) == 0 && c.keyless() {
+			c.KeyMode = "generate" // a member with no key can only make one
+		}
+	}
+	page := configurePage{C: c, Opts: opts, Terms: terms(pl.PriceList), Keys: keys, Est: p.estimate(q, c), Query: c.query(), Windows: c.windows()}
 	base, market := imageGroup{Label: q.T("Operating systems")}, imageGroup{Label: q.T("Marketplace")}
 	for _, ci := range image.Catalog {
 		if ci.MarketplaceOf != "" {
@@ -366,22 +404,26 @@ func (p *Panel) renderConfigure(q *req, c choice) error {
 		}
 	}
 	page.Images = []imageGroup{base, market}
-	if q.s != nil {
-		var kp struct {
-			Keypairs []struct {
-				Keypair struct {
-					Name string `json:"name"`
-				} `json:"keypair"`
-			} `json:"keypairs"`
-		}
-		if err := q.api.Get(ctx, Compute, "/os-keypairs", &kp); err != nil {
-			return err
-		}
-		for _, k := range kp.Keypairs {
-			page.Keys = append(page.Keys, k.Keypair.Name)
-		}
-	}
 	return q.render("configure", q.T("Configure a server"), page)
+}
+
+// memberKeys are the names of the member's key pairs.
+func memberKeys(q *req) ([]string, error) {
+	var kp struct {
+		Keypairs []struct {
+			Keypair struct {
+				Name string `json:"name"`
+			} `json:"keypair"`
+		} `json:"keypairs"`
+	}
+	if err := q.api.Get(q.r.Context(), Compute, "/os-keypairs", &kp); err != nil {
+		return nil, err
+	}
+	keys := make([]string, 0, len(kp.Keypairs))
+	for _, k := range kp.Keypairs {
+		keys = append(keys, k.Keypair.Name)
+	}
+	return keys, nil
 }
 
 // quoteAnswer is what configure.js shows.
@@ -412,9 +454,9 @@ func (p *Panel) configureQuote(q *req) error {
 	return json.NewEncoder(q.w).Encode(a)
 }
 
-// configureOrder orders the choice: its flavor (made if new), the key, the
-// servers on the project's private network, and a prepaid term for each.
-// A visitor is sent to sign up first, keeping the choice.
+// configureOrder orders the choice: the key, the servers on the project's
+// private network with the flavor of their size, and a prepaid term for
+// each. A visitor is sent to sign up first, keeping the choice.
 func (p *Panel) configureOrder(q *req) error {
 	c := parseChoice(q.r.PostForm)
 	if q.r.PostForm.Get("update") != "" {
@@ -427,37 +469,41 @@ func (p *Panel) configureOrder(q *req) error {
 	if e := p.estimate(q, c); len(e.Problems) > 0 {
 		return q.back(back, BadRequest(strings.Join(e.Problems, " ")))
 	}
-	private, err := p.order(q, c)
+	key, private, err := p.order(q, c)
 	if err != nil {
 		return q.back(back, err)
 	}
 	if private != "" {
-		return q.render("configure_done", q.T("Your servers are being built"), private)
+		return q.render("configure_done", q.T("Your servers are being built"), newKey{PrivateKey: private, File: keyFile(key)})
 	}
 	return q.redirect("/servers", q.T("Your servers are being built."))
 }
 
-// order does the order's steps through the API; it answers a generated
-// private key, to be shown once.
-func (p *Panel) order(q *req, c choice) (string, error) {
+// order does the order's steps as the member, the checks first: the
+// estimate's (image, quota, money, capacity), then the network and the
+// key. Only then is the flavor of the size taken, or made private to the
+// member's project (compute.ProjectFlavor, acting for the member's
+// validated token), and given back when the servers are refused. It
+// answers the servers' key pair and a generated private key, to be shown
+// once.
+func (p *Panel) order(q *req, c choice) (key, private string, err error) {
 	ctx := q.r.Context()
-	flavor, _, err := p.cfg.Compute.FlavorFor(ctx, c.shape())
-	var ce *api.Error
-	if errors.As(err, &ce) {
-		return "", &APIError{Status: ce.Status, Message: ce.Message} // shown as the API's would be
-	}
-	if err != nil {
-		return "", err
-	}
-	key, private, err := p.orderKey(q, c)
-	if err != nil {
-		return "", err
-	}
 	netID, err := privateNetwork(ctx, q.api)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	sv := map[string]any{"name": c.Name, "imageRef": image.CatalogID(c.Image), "flavorRef": flavor,
+	if key, private, err = p.orderKey(q, c); err != nil {
+		return "", "", err
+	}
+	caller, err := p.cfg.Identity.Validate(ctx, q.s.Token)
+	if err != nil {
+		return "", "", asAPIError(err)
+	}
+	flavor, err := p.cfg.Compute.ProjectFlavor(ctx, caller, c.shape())
+	if err != nil {
+		return "", "", asAPIError(err)
+	}
+	sv := map[string]any{"name": c.Name, "imageRef": image.CatalogID(c.Image), "flavorRef": flavor.ID,
 		"min_count": c.Quantity, "max_count": c.Quantity, "networks": []map[string]string{{"uuid": netID}},
 		"return_reservation_id": true}
 	if key != "" {
@@ -470,18 +516,45 @@ func (p *Panel) order(q *req, c choice) (string, error) {
 		ReservationID string `json:"reservation_id"`
 	}
 	if err := q.api.Post(ctx, Compute, "/servers", map[string]any{"server": sv}, &res); err != nil {
-		return "", err
+		if rerr := p.cfg.Compute.ReleaseFlavor(context.WithoutCancel(ctx), caller, flavor); rerr != nil {
+			p.cfg.Log.Warn("panel: giving back an order's flavor", "flavor", flavor.ID, "error", rerr)
+		}
+		return "", "", err
 	}
 	if c.Tariff == billing.TariffPrepaid {
 		if err := buyTerms(ctx, q.api, res.ReservationID, c.TermMonths); err != nil {
-			return "", err
+			return "", "", err
 		}
 	}
-	return private, nil
+	return key, private, nil
 }
 
-// orderKey is the key pair the servers get: an existing one, or one
-// imported now from a pasted or generated public key.
+// newKey is a generated key pair's private key, shown once, and the file
+// the server's page names for it.
+type newKey struct {
+	PrivateKey, File string
+}
+
+// asAPIError shows a service's own error (compute's, identity's) as the
+// API's would be.
+func asAPIError(err error) error {
+	var ce *api.Error
+	if errors.As(err, &ce) {
+		return &APIError{Status: ce.Status, Message: ce.Message}
+	}
+	return err
+}
+
+// noKey is why a Linux server needs a key.
+const noKey = "Choose one of your SSH keys, or paste or generate one: a Linux server without a key cannot be logged into."
+
+// keyless is a Linux server ordered with "One of my keys" and none named.
+func (c choice) keyless() bool {
+	return !c.windows() && c.KeyMode == "existing" && c.KeyName == ""
+}
+
+// orderKey is the key pair the servers get: an existing one of the
+// member's, or one imported now from a pasted or generated public key.
 func (p *Panel) orderKey(q *req, c choice) (name, private string, err error) {
 	if c.windows() {
 		return "", "", nil
@@ -489,7 +562,14 @@ func (p *Panel) orderKey(q *req, c choice) (name, private string, err error) {
 	pub := c.PublicKey
 	switch c.KeyMode {
 	case "existing":
-		return c.KeyName, "", nil
+		if c.keyless() {
+			return "", "", BadRequest(q.T(noKey))
+		}
+		err := q.api.Get(q.r.Context(), Compute, "/os-keypairs/"+url.PathEscape(c.KeyName), nil)
+		if StatusOf(err) == http.StatusNotFound {
+			return "", "", BadRequest(q.T("You have no SSH key named %s: choose one of your keys, or paste or generate one.", c.KeyName))
+		}
+		return c.KeyName, "", err
 	case "generate":
 		if pub, private, err = GenerateKey(c.Name); err != nil {
 			return "", "", err

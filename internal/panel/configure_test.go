@@ -62,7 +62,7 @@ func choiceForm(kv ...string) url.Values {
 // TestConfigurePrices: the price the configurator shows is billing's quote
 // of the same choice, for visitors and members; what will not work is
 // said; a visitor's order goes to sign-up with the choice kept; a member's
-// order makes the flavor and the servers.
+// order makes the project its own flavor of the size, and the servers.
 func TestConfigurePrices(t *testing.T) {
 	c := startCloud(t)
 	user, pw := demoLogin(c)
@@ -144,7 +144,8 @@ func TestConfigurePrices(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &list); err != nil {
 		t.Fatal(err)
 	}
-	if len(list.Servers) != 2 || list.Servers[0].Flavor.ID != "d3.6g.local.ipv4" || list.Servers[0].KeyName == "" {
+	// The size is no catalogue flavor's: the project got its own.
+	if len(list.Servers) != 2 || list.Servers[0].Flavor.ID != "d3.6g.local.ipv4."+bilProject(t, c, cloud.DemoUser) || list.Servers[0].KeyName == "" {
 		t.Fatalf("servers after the order: %+v", list.Servers)
 	}
 

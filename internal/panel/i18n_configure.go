@@ -4,7 +4,11 @@ package panel
 func init() {
 	addRU(map[string]string{
 		"Prices": "Цены",
-		"Every price is per hour; a month is 720 hours. A server's price is the sum of its parts.": "Все цены указаны за час; месяц — 720 часов. Цена сервера — сумма цен его частей.",
+		"Every price is per hour; a month is %d hours. A server's price is the sum of its parts.": "Все цены указаны за час; месяц — %d часов. Цена сервера — сумма цен его частей.",
+		"Volume snapshot": "Снимок тома",
+		"Choose one of your SSH keys, or paste or generate one: a Linux server without a key cannot be logged into.": "Выберите один из своих SSH-ключей, вставьте или создайте ключ: на сервер Linux без ключа не войти.",
+		"You have no SSH key named %s: choose one of your keys, or paste or generate one.":                           "У вас нет SSH-ключа с именем %s: выберите один из своих ключей, вставьте или создайте ключ.",
+		"The servers' pages take it to be saved as %s (readable only by you: chmod 600).":                            "Страницы серверов считают, что он сохранён как %s (доступен для чтения только вам: chmod 600).",
 		"Configure a server":    "Собрать сервер",
 		"Item":                  "Позиция",
 		"Unit":                  "Единица",

@@ -18,7 +18,7 @@ import (
 // signs up, verifies the e-mail a real SMTP receiver takes, signs in, tops
 // up 100.00, configures a server whose price is the API's quote to the
 // minor unit, orders it, watches it go ACTIVE without a reload, reads its
-// SSH command, and stops, starts, shelves and deletes it.
+// SSH command (with its key), and stops, starts, shelves and deletes it.
 func TestCustomerJourney(t *testing.T) {
 	mail := newSMTPReceiver(t)
 	c := startCloud(t, withSMTP(mail), slowFake(500*time.Millisecond))
@@ -80,13 +80,23 @@ func TestCustomerJourney(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &access); err != nil || len(access.Access) == 0 {
 		t.Fatalf("/access: %s (%v)", body, err)
 	}
+	var one struct {
+		Server struct {
+			KeyName string `json:"key_name"`
+		}
+	}
+	resp, body = testenv.Do(t, testenv.HTTPClient(t, c), "GET", c.ComputeURL+"/servers/"+id, s.Token, "")
+	testenv.MustStatus(t, resp, body, http.StatusOK)
+	if err := json.Unmarshal([]byte(body), &one); err != nil || one.Server.KeyName == "" {
+		t.Fatalf("the server's key: %s (%v)", body, err)
+	}
 	a := access.Access[0]
-	want := fmt.Sprintf("ssh -p %d %s@%s", a.Port, a.User, a.Host)
+	want := fmt.Sprintf("ssh -i ~/.ssh/%s -p %d %s@%s", one.Server.KeyName, a.Port, a.User, a.Host)
 	if a.Port == 22 {
-		want = "ssh " + a.User + "@" + a.Host
+		want = fmt.Sprintf("ssh -i ~/.ssh/%s %s@%s", one.Server.KeyName, a.User, a.Host)
 	}
 	if got := b.text(".login-cmd"); got != want {
-		t.Fatalf("the page's SSH command is %q, /access's %q", got, want)
+		t.Fatalf("the page's SSH command is %q, want /access's address with the key: %q", got, want)
 	}
 
 	for _, step := range []struct{ button, want string }{{"stop", "SHUTOFF"}, {"start", "ACTIVE"}, {"shelve", "SHELVED"}} {

@@ -33,7 +33,9 @@ func parsePages(m Money) (pageSet, error) {
 	funcs := template.FuncMap{
 		"asset": assetURL,
 		"money": m.Format,
-		"time":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04 UTC") },
+		"rate":  m.Exact,
+		"time":  timeText,
+		"stamp": stamp,
 		"mb2gb": func(mb int) string { return strconv.FormatFloat(float64(mb)/1024, 'f', -1, 64) },
 		"add":   func(a, b int) int { return a + b },
 		"deref": func(s *string) string {
@@ -160,13 +162,58 @@ func (m Money) Format(minor int64) string {
 }
 
 // major writes minor units with two decimals.
-func (Money) major(minor int64) string {
-	sign := ""
-	u := uint64(minor)
-	if minor < 0 {
-		sign, u = "-", uint64(-minor)
+func (Money) major(minor int64) string { return rateText(minor, 1) }
+
+// Exact writes an hourly rate, or a rate times hours, in billing's rate
+// units (billing.RateScale to a minor unit) as Format writes money, at the
+// rate's own precision: the price list's 5000 is "0.005 RUB", never rounded
+// to a minor unit. The presentation currency beside it is converted at
+// the same precision.
+func (m Money) Exact(units int64) string {
+	s := rateText(units, billing.RateScale) + " " + m.Currency
+	if m.Presentation != "" && m.Rate != nil {
+		if p, err := billing.Convert(units, m.Rate); err == nil {
+			s += " (≈ " + rateText(p, billing.RateScale) + " " + m.Presentation + ")"
+		}
 	}
-	return fmt.Sprintf("%s%d.%02d", sign, u/100, u%100)
+	return s
+}
+
+// rateText writes n units, scale of them to a minor unit (a power of ten),
+// in major units exactly: trailing zeros trimmed, at least the currency's
+// two decimals kept.
+func rateText(n, scale int64) string {
+	sign := ""
+	u := uint64(n)
+	if n < 0 {
+		sign, u = "-", uint64(-n) // two's complement: MinInt64 too
+	}
+	perMajor := uint64(scale) * 100
+	frac := fmt.Sprintf("%0*d", len(strconv.FormatUint(perMajor, 10))-1, u%perMajor)
+	if trimmed := strings.TrimRight(frac, "0"); len(trimmed) > 2 {
+		frac = trimmed
+	} else {
+		frac = frac[:2]
+	}
+	return sign + strconv.FormatUint(u/perMajor, 10) + "." + frac
+}
+
+// timeText is how every page writes a moment: one format everywhere.
+func timeText(t time.Time) string { return t.UTC().Format("2006-01-02 15:04 UTC") }
+
+// stampLayouts are the forms the APIs write moments in: RFC 3339 (Glance,
+// billing) and Nova's and Cinder's ISO 8601 without a zone, which is UTC.
+var stampLayouts = []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999"}
+
+// stamp writes an API's moment as timeText does; text it cannot read is
+// shown as it is.
+func stamp(s string) string {
+	for _, l := range stampLayouts {
+		if t, err := time.Parse(l, s); err == nil {
+			return timeText(t)
+		}
+	}
+	return s
 }
 
 // language is the visitor's choice (the lang cookie), else their

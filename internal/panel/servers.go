@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/url"
 	"nimbus/internal/flavorspec"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -482,18 +484,72 @@ type loginInfo struct {
 	User     string `json:"user"`
 }
 
-// Command is how to log in from a terminal, or the RDP address.
-func (l loginInfo) Command() string {
+// keyName is the server's key pair, "" for none.
+func (s *apiServer) keyName() string {
+	if s.KeyName == nil {
+		return ""
+	}
+	return *s.KeyName
+}
+
+// loginWay is one way into a server as its page shows it.
+type loginWay struct {
+	Protocol, User, Command string
+	// Private is an address of the project's network, which only its
+	// other servers reach.
+	Private bool
+}
+
+// loginWays are the ways into a server from GET /servers/{id}/access,
+// those the customer reaches first: an entry at a private address of a
+// server that has a public one is shown at the public one (compute lists
+// the public one itself only where the host routes it), and ssh names the
+// server's key with -i.
+func loginWays(access []loginInfo, fixed, public []string, key string) []loginWay {
+	var out []loginWay
+	seen := map[loginInfo]bool{}
+	for _, a := range access {
+		if slices.Contains(fixed, a.Host) && len(public) > 0 {
+			a.Host = public[0]
+		}
+		if seen[a] {
+			continue
+		}
+		seen[a] = true
+		out = append(out, loginWay{Protocol: a.Protocol, User: a.User, Command: a.command(key), Private: slices.Contains(fixed, a.Host)})
+	}
+	slices.SortStableFunc(out, func(x, y loginWay) int { return b2i(x.Private) - b2i(y.Private) })
+	return out
+}
+
+// command is how to log in from a terminal with key (none when ""), or
+// the RDP address.
+func (l loginInfo) command(key string) string {
 	if l.Protocol == "rdp" {
 		if l.Port == 3389 || l.Port == 0 {
 			return l.Host
 		}
 		return l.Host + ":" + strconv.Itoa(l.Port)
 	}
-	if l.Port == 22 || l.Port == 0 {
-		return "ssh " + l.User + "@" + l.Host
+	cmd := "ssh"
+	if key != "" {
+		cmd += " -i " + keyFile(key)
 	}
-	return "ssh -p " + strconv.Itoa(l.Port) + " " + l.User + "@" + l.Host
+	if l.Port != 22 && l.Port != 0 {
+		cmd += " -p " + strconv.Itoa(l.Port)
+	}
+	return cmd + " " + l.User + "@" + l.Host
+}
+
+var plainName = regexp.MustCompile(`^[A-Za-z0-9_.@+-]+$`)
+
+// keyFile is where the private key of key pair name is taken to be saved,
+// for the shell: ~/.ssh/<name>, the name quoted when it needs it.
+func keyFile(name string) string {
+	if plainName.MatchString(name) {
+		return "~/.ssh/" + name
+	}
+	return "~/.ssh/" + shellQuote(name)
 }
 
 type instanceAction struct {
@@ -511,7 +567,8 @@ type serverPageData struct {
 	ImageID, ImageName        string
 	Hourly                    int64
 	Priced                    bool
-	Access                    []loginInfo
+	Access                    []loginWay
+	Key                       string // the server's key pair, "" for none
 	Windows                   bool
 	Password                  string
 	ConsoleURL, ConsoleOutput string
@@ -592,7 +649,8 @@ func (p *Panel) serverPage(q *req) error {
 	if err != nil {
 		return err
 	}
-	d.Access, d.Password, d.Actions, d.Flavors = access.Access, pw.Password, acts.Actions, flavors.Flavors
+	d.Key = s.keyName()
+	d.Access, d.Password, d.Actions, d.Flavors = loginWays(access.Access, d.Fixed, d.Public, d.Key), pw.Password, acts.Actions, flavors.Flavors
 	osType := ""
 	for _, im := range d.Images {
 		if im.ID == s.imageID() {

@@ -2,12 +2,16 @@ package panel
 
 import (
 	"fmt"
+	"math"
 	"math/big"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"nimbus/internal/billing"
 )
 
 // TestSafeNext: a redirect target from a request is parsed and rebuilt
@@ -174,5 +178,101 @@ func TestSignUpLimitPerSubscriber(t *testing.T) {
 	}
 	if err := ask("[2001:db8:1:3::1]:4000"); err != nil {
 		t.Fatalf("another /64: %v", err)
+	}
+}
+
+// TestRateText: rates are written exactly, in major units, with at least
+// the currency's two decimals and no trailing zeros past them.
+func TestRateText(t *testing.T) {
+	for _, tt := range []struct {
+		units, scale int64
+		want         string
+	}{
+		{5000, billing.RateScale, "0.005"},           // local disk per GB and hour
+		{5000 * 720, billing.RateScale, "3.60"},      // … and per month
+		{500000, billing.RateScale, "0.50"},          // a vCPU per hour
+		{15000000, billing.RateScale, "15.00"},       // an A100 per hour
+		{1, billing.RateScale, "0.000001"},           // the smallest rate
+		{123456789, billing.RateScale, "123.456789"}, // every digit kept
+		{8000 * 730, billing.RateScale, "5.84"},      // another month length
+		{0, billing.RateScale, "0.00"},
+		{-5000, billing.RateScale, "-0.005"},
+		{math.MinInt64, billing.RateScale, "-9223372036854.775808"},
+		{math.MaxInt64, billing.RateScale, "9223372036854.775807"},
+		{1234, 1, "12.34"}, // minor units
+		{-5, 1, "-0.05"},
+	} {
+		if got := rateText(tt.units, tt.scale); got != tt.want {
+			t.Errorf("rateText(%d, %d) = %q, want %q", tt.units, tt.scale, got, tt.want)
+		}
+	}
+	usd := Money{Currency: "RUB", Presentation: "USD", Rate: big.NewRat(11, 1000)}
+	for _, tt := range []struct {
+		m     Money
+		units int64
+		want  string
+	}{
+		{Money{Currency: "RUB"}, 5000, "0.005 RUB"},
+		{usd, 5000, "0.005 RUB (≈ 0.000055 USD)"},
+		{usd, 5000 * 720, "3.60 RUB (≈ 0.0396 USD)"},
+		{usd, 3, "0.000003 RUB (≈ 0.00 USD)"},
+	} {
+		if got := tt.m.Exact(tt.units); got != tt.want {
+			t.Errorf("Exact(%d) = %q, want %q", tt.units, got, tt.want)
+		}
+	}
+	if got := perMonth(math.MaxInt64/2, 720); got != math.MaxInt64 {
+		t.Errorf("perMonth past int64 = %d", got)
+	}
+}
+
+// TestLoginWays: "How to log in" shows first the address the customer
+// reaches, the public one where the server has one, and names the key.
+func TestLoginWays(t *testing.T) {
+	fixed, public := []string{"10.0.0.5"}, []string{"203.0.113.7"}
+	ssh := func(host string, port int) loginInfo {
+		return loginInfo{Protocol: "ssh", Host: host, Port: port, User: "ubuntu"}
+	}
+	for _, tt := range []struct {
+		name          string
+		access        []loginInfo
+		fixed, public []string
+		key           string
+		want          []loginWay
+	}{
+		{"private address, public one beside", []loginInfo{ssh("10.0.0.5", 22)}, fixed, public, "web-key",
+			[]loginWay{{"ssh", "ubuntu", "ssh -i ~/.ssh/web-key ubuntu@203.0.113.7", false}}},
+		{"compute lists both (bridged)", []loginInfo{ssh("203.0.113.7", 22), ssh("10.0.0.5", 22)}, fixed, public, "web-key",
+			[]loginWay{{"ssh", "ubuntu", "ssh -i ~/.ssh/web-key ubuntu@203.0.113.7", false}}},
+		{"no public address", []loginInfo{ssh("10.0.0.5", 22)}, fixed, nil, "web-key",
+			[]loginWay{{"ssh", "ubuntu", "ssh -i ~/.ssh/web-key ubuntu@10.0.0.5", true}}},
+		{"a forwarded port (user-mode networking)", []loginInfo{ssh("192.0.2.10", 2201)}, fixed, public, "k",
+			[]loginWay{{"ssh", "ubuntu", "ssh -i ~/.ssh/k -p 2201 ubuntu@192.0.2.10", false}}},
+		{"private listed first", []loginInfo{ssh("10.0.0.5", 22), ssh("192.0.2.10", 2201)}, fixed, nil, "",
+			[]loginWay{{"ssh", "ubuntu", "ssh -p 2201 ubuntu@192.0.2.10", false}, {"ssh", "ubuntu", "ssh ubuntu@10.0.0.5", true}}},
+		{"a key name the shell must quote", []loginInfo{ssh("203.0.113.7", 22)}, fixed, public, "my key's",
+			[]loginWay{{"ssh", "ubuntu", `ssh -i ~/.ssh/'my key'\''s' ubuntu@203.0.113.7`, false}}},
+		{"remote desktop", []loginInfo{{Protocol: "rdp", Host: "10.0.0.5", Port: 3389, User: "Administrator"}}, fixed, public, "k",
+			[]loginWay{{"rdp", "Administrator", "203.0.113.7", false}}},
+		{"not running", nil, fixed, public, "k", nil},
+	} {
+		if got := loginWays(tt.access, tt.fixed, tt.public, tt.key); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestStamp: an API's moment is written as every page writes one.
+func TestStamp(t *testing.T) {
+	for in, want := range map[string]string{
+		"2026-11-30T12:34:56Z":           "2026-11-30 12:34 UTC",
+		"2026-11-30T15:34:56+03:00":      "2026-11-30 12:34 UTC",
+		"2026-11-30T12:34:56.000000":     "2026-11-30 12:34 UTC", // Nova, Cinder
+		"2026-11-30T12:34:56.123456789Z": "2026-11-30 12:34 UTC",
+		"soon":                           "soon",
+	} {
+		if got := stamp(in); got != want {
+			t.Errorf("stamp(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
