@@ -9,11 +9,14 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"html"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -387,6 +390,17 @@ func TestQEMUConsole(t *testing.T) {
 	}
 	ws2.CloseNow()
 
+	// The panel's server page: its frame opens the console, and so does
+	// "open in a new tab" afterwards.
+	frame, newTab := panelConsole(t, c, id)
+	for _, u := range []string{frame, newTab} {
+		ws, _, err := dialConsole(t, client, u, "")
+		if err != nil {
+			t.Fatalf("the panel's console %s: %v", u, err)
+		}
+		ws.CloseNow()
+	}
+
 	// An expired URL is refused (its expiry moved to the past: the proxy
 	// reads the same row when the time has come).
 	st, m = call(t, client, c, "POST", "/servers/"+id+"/remote-consoles", demo, "2.6",
@@ -405,6 +419,63 @@ func TestQEMUConsole(t *testing.T) {
 	} else if resp == nil || resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("expired: %v %v, want 403", resp, err)
 	}
+}
+
+var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// panelConsole signs in to the panel as the demo user and returns the
+// console URL of server id's page frame, and the one its "open the console
+// in a new tab" gives.
+func panelConsole(t *testing.T, c *cloud.Cloud, id string) (frame, newTab string) {
+	t.Helper()
+	hc := testenv.HTTPClient(t, c)
+	hc.Jar, _ = cookiejar.New(nil)
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	get := func(path string) string {
+		t.Helper()
+		resp, err := hc.Get(c.PanelURL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("panel %s: %d", path, resp.StatusCode)
+		}
+		return string(b)
+	}
+	m := csrfRE.FindStringSubmatch(get("/login"))
+	if m == nil {
+		t.Fatal("no form token on the panel's sign-in page")
+	}
+	resp, err := hc.PostForm(c.PanelURL+"/login", url.Values{"csrf": {m[1]}, "email": {cloud.DemoUser}, "password": {c.Secrets.DemoPassword}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("panel sign-in: %d", resp.StatusCode)
+	}
+	page := get("/servers/" + id)
+	fm := regexp.MustCompile(`<iframe class="console" src="([^"]+)"`).FindStringSubmatch(page)
+	action := "/servers/" + id + "/console"
+	if fm == nil || !strings.Contains(page, `<form method="post" action="`+action+`" target="_blank"`) {
+		t.Fatalf("the server's page has no console frame or no form to open the console in a new tab")
+	}
+	resp, err = hc.PostForm(c.PanelURL+action, url.Values{"csrf": csrfRE.FindStringSubmatch(page)[1:2]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("POST %s: %d", action, resp.StatusCode)
+	}
+	// The form sends the browser to the console proxy, which the page's
+	// policy must let a form's answer lead to.
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "form-action 'self' "+c.ConsoleURL+";") {
+		t.Errorf("the panel's policy %q keeps the form's answer from leading to the console %s", csp, c.ConsoleURL)
+	}
+	return html.UnescapeString(fm[1]), resp.Header.Get("Location")
 }
 
 // tokenHash is the stored hash of the token in a console URL.
