@@ -215,7 +215,7 @@ func (p *Proxy) tokenRefused(w http.ResponseWriter, err error) bool {
 	case err == nil:
 		return false
 	case errors.Is(err, store.ErrNotFound):
-		http.Error(w, "The console token is invalid or has expired.", http.StatusForbidden)
+		http.Error(w, "The console token is invalid or has expired (a console URL opens one session: ask for a new one).", http.StatusForbidden)
 	default:
 		p.log.Error("console: token lookup", "error", err)
 		http.Error(w, "the console token could not be checked", http.StatusServiceUnavailable)
