@@ -24,13 +24,20 @@ import (
 // console proxy (internal/console, Nova's nova-novncproxy) with a token in
 // it. The token is random; only its SHA-256 is stored, with where the
 // proxy reaches the server's VNC console (the driver's ConsoleEndpoint),
-// for consoleTokenTTL. Only VNC with noVNC is served; Nova's other console
-// protocols are its ConsoleTypeUnavailable.
+// for ConsoleTokenTTL, and it opens one session: the proxy spends it
+// (ConsoleTokens.Consume, a row deleted) before it lets the browser in.
+// Only VNC with noVNC is served; Nova's other console protocols are its
+// ConsoleTypeUnavailable.
 
-// consoleTokenTTL is how long a console URL may be opened (Nova's
-// [consoleauth] token_ttl); a session opened in time lasts as long as it
-// is used.
-const consoleTokenTTL = 10 * time.Minute
+// ConsoleTokenTTL is how long a console URL may wait to be opened (Nova's
+// [consoleauth] token_ttl, 600 s there, where a token opens any number of
+// sessions until then). A URL here opens one session, so the time only
+// bounds a URL nobody opened: the panel's frame opens its own within a
+// second, and two minutes leave a person time to paste what "openstack
+// console url show" printed into a browser, while a URL left in a
+// terminal's scrollback, a shell history or a log is dead soon after. A
+// session opened in time lasts as long as it is used.
+const ConsoleTokenTTL = 2 * time.Minute
 
 // consoleDriverTimeout bounds the wait for the host's agent.
 const consoleDriverTimeout = 30 * time.Second
@@ -206,7 +213,7 @@ func (s *Service) vncConsole(ctx context.Context, sv *server, typ string) (strin
 		_, err := tx.Exec(ctx, `INSERT INTO compute_console_tokens (token_hash, server_id, project_id, compute_host, console_type,
 			host, port, secret, expires_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			consoleTokenHash(tok), sv.ID, sv.ProjectID, sv.Host, typ, ep.Host, ep.Port, ep.Secret,
-			store.FormatTime(now.Add(consoleTokenTTL)), store.FormatTime(now))
+			store.FormatTime(now.Add(ConsoleTokenTTL)), store.FormatTime(now))
 		return err
 	})
 	if err != nil {
@@ -227,20 +234,50 @@ type ConsoleTokens struct{ s *Service }
 // ConsoleTokens gives the console proxy its token lookup.
 func (s *Service) ConsoleTokens() ConsoleTokens { return ConsoleTokens{s} }
 
-// Lookup returns where a console token leads: an error wrapping
-// store.ErrNotFound for a token that is unknown or expired, or whose
-// server was deleted or moved to another host since.
+// errNoToken is a console token that is unknown, spent or expired, or
+// whose server was deleted or moved to another host since.
+var errNoToken = fmt.Errorf("console token: %w", store.ErrNotFound)
+
+// liveToken is the condition on a row of compute_console_tokens t that
+// it still opens a console: fresh, and its server alive on the host it
+// was made for. Its arguments are the token's hash and the time now.
+const liveToken = `t.token_hash = ? AND t.expires_at > ? AND EXISTS (SELECT 1 FROM compute_servers sv
+	WHERE sv.id = t.server_id AND sv.deleted = 0 AND sv.host = t.compute_host)`
+
+// Lookup returns where a console token leads, or an error wrapping
+// store.ErrNotFound (errNoToken). It does not spend the token.
 func (t ConsoleTokens) Lookup(ctx context.Context, token string) (driver.ConsoleEndpoint, error) {
 	var ep driver.ConsoleEndpoint
 	if token == "" {
-		return ep, fmt.Errorf("console token: %w", store.ErrNotFound)
+		return ep, errNoToken
 	}
-	err := t.s.db.QueryRow(ctx, `SELECT t.host, t.port, t.secret FROM compute_console_tokens t
-		JOIN compute_servers sv ON sv.id = t.server_id
-		WHERE t.token_hash = ? AND t.expires_at > ? AND sv.deleted = 0 AND sv.host = t.compute_host`,
+	err := t.s.db.QueryRow(ctx, `SELECT t.host, t.port, t.secret FROM compute_console_tokens t WHERE `+liveToken,
 		consoleTokenHash(token), store.FormatTime(t.s.now())).Scan(&ep.Host, &ep.Port, &ep.Secret)
 	if store.IsNoRows(err) {
-		return ep, fmt.Errorf("console token: %w", store.ErrNotFound)
+		return ep, errNoToken
 	}
 	return ep, err
+}
+
+// Consume spends a token that Lookup found, so that it opens no other
+// session: its row goes in one statement, and of connections racing with
+// one token, through one controller or several sharing the database,
+// only the one whose delete removed the row gets nil; the others, and a
+// token that expired or lost its server meanwhile, get errNoToken.
+func (t ConsoleTokens) Consume(ctx context.Context, token string) error {
+	if token == "" {
+		return errNoToken
+	}
+	res, err := t.s.db.Exec(ctx, `DELETE FROM compute_console_tokens WHERE token_hash IN (
+		SELECT t.token_hash FROM compute_console_tokens t WHERE `+liveToken+`)`,
+		consoleTokenHash(token), store.FormatTime(t.s.now()))
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n != 1 {
+		return errNoToken
+	}
+	return nil
 }

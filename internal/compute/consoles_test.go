@@ -128,6 +128,32 @@ func TestConsoleTokenLookup(t *testing.T) {
 			if _, err := tokens.Lookup(ctx, tok); !errors.Is(err, store.ErrNotFound) {
 				t.Errorf("Lookup(%q): %v, want not found", tok, err)
 			}
+			if err := tokens.Consume(ctx, tok); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("Consume(%q): %v, want not found", tok, err)
+			}
+		}
+		// One use: of requests racing to spend a token, one wins; after
+		// it the token finds nothing.
+		add("raced", computeHost, now.Add(time.Minute))
+		const n = 16
+		errs := make(chan error, n)
+		for i := 0; i < n; i++ {
+			go func() { errs <- tokens.Consume(ctx, "raced") }()
+		}
+		won := 0
+		for i := 0; i < n; i++ {
+			switch err := <-errs; {
+			case err == nil:
+				won++
+			case !errors.Is(err, store.ErrNotFound):
+				t.Errorf("Consume racing: %v", err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("%d of %d racing Consume calls spent one token, want 1", won, n)
+		}
+		if _, err := tokens.Lookup(ctx, "raced"); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Lookup of a spent token: %v, want not found", err)
 		}
 		e.must(204, "DELETE", "/servers/"+id, e.demo, "2.6", "")
 		deadline := time.Now().Add(20 * time.Second)

@@ -7,13 +7,17 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"html"
 	"io"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +25,7 @@ import (
 	"github.com/coder/websocket"
 
 	"nimbus/internal/cloud"
+	"nimbus/internal/compute"
 	"nimbus/internal/store"
 	"nimbus/internal/testenv"
 )
@@ -152,6 +157,13 @@ func TestCloudProxy(t *testing.T) {
 	good := add("good-token", now.Add(time.Minute))
 	stale := add("stale-token", now.Add(-time.Minute))
 
+	// A foreign origin is refused without spending the token.
+	if ws, resp, err := dialConsole(t, client, good, "https://evil.example.net"); err == nil {
+		ws.CloseNow()
+		t.Fatal("a foreign origin was accepted")
+	} else if resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("foreign origin: %v %v, want 403", resp, err)
+	}
 	ws, _, err := dialConsole(t, client, good, c.ConsoleURL)
 	if err != nil {
 		t.Fatalf("console websocket: %v", err)
@@ -171,9 +183,9 @@ func TestCloudProxy(t *testing.T) {
 		url, origin string
 		want        int
 	}{
+		{good, c.ConsoleURL, http.StatusForbidden}, // used once already
 		{stale, "", http.StatusForbidden},
 		{strings.Replace(good, "good-token", "made-up", 1), "", http.StatusForbidden},
-		{good, "https://evil.example.net", http.StatusForbidden},
 	} {
 		ws, resp, err := dialConsole(t, client, tc.url, tc.origin)
 		if err == nil {
@@ -279,7 +291,35 @@ func TestQEMUConsole(t *testing.T) {
 	if rc["protocol"] != "vnc" || rc["type"] != "novnc" || !strings.HasPrefix(rc["url"].(string), c.ConsoleURL+"/vnc_lite.html?path=%3Ftoken%3D") {
 		t.Fatalf("remote_console %v (console URL %s)", rc, c.ConsoleURL)
 	}
-	ws, _, err := dialConsole(t, client, rc["url"].(string), "")
+	consoleURL := rc["url"].(string)
+	// The relay started for this console; nothing has connected to it yet.
+	var relayPort int
+	var created, expires string
+	if err := c.DB.QueryRow(ctx, "SELECT port, created_at, expires_at FROM compute_console_tokens WHERE token_hash = ?",
+		tokenHash(t, consoleURL)).Scan(&relayPort, &created, &expires); err != nil {
+		t.Fatalf("the console token's row: %v", err)
+	}
+	if ct, et := store.ParseTime(created), store.ParseTime(expires); et.Sub(ct) != compute.ConsoleTokenTTL || compute.ConsoleTokenTTL > 10*time.Minute {
+		t.Errorf("the console URL lives %v (from %s to %s), want compute.ConsoleTokenTTL, %v, at most Nova's 10 min",
+			et.Sub(ct), created, expires, compute.ConsoleTokenTTL)
+	}
+	if n := tcpConnsOf(t, relayPort); n != 0 {
+		t.Fatalf("%d connections to the relay's port %d before any console request", n, relayPort)
+	}
+	// A page of another origin is refused, and the proxy never reaches
+	// the relay for it: the kernel knows no connection to the relay's
+	// port, not even one closed (TIME_WAIT lasts a minute).
+	if ws, resp, err := dialConsole(t, client, consoleURL, "https://evil.example.net"); err == nil {
+		ws.CloseNow()
+		t.Fatal("a foreign origin was accepted")
+	} else if resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("foreign origin: %v %v, want 403", resp, err)
+	}
+	if n := tcpConnsOf(t, relayPort); n != 0 {
+		t.Fatalf("the proxy connected to the relay (port %d) for a foreign origin: %d sockets", relayPort, n)
+	}
+	// The refused request did not spend the token: it opens the console.
+	ws, _, err := dialConsole(t, client, consoleURL, c.ConsoleURL)
 	if err != nil {
 		t.Fatalf("console websocket: %v", err)
 	}
@@ -312,6 +352,28 @@ func TestQEMUConsole(t *testing.T) {
 		t.Fatalf("screen %dx%d", w, h)
 	}
 	t.Logf("the VM's screen through the proxy: %dx%d", w, h)
+	// Once only: a second connection with the URL is refused, while the
+	// first session goes on.
+	if ws, resp, err := dialConsole(t, client, consoleURL, ""); err == nil {
+		ws.CloseNow()
+		t.Fatal("a console URL opened a second session")
+	} else if resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("second use: %v %v, want 403", resp, err)
+	}
+	// The rest of ServerInit (pixel format, name), then a screen update
+	// asked and answered.
+	rest := make([]byte, 20)
+	if _, err := io.ReadFull(nc, rest); err != nil {
+		t.Fatalf("ServerInit: %v", err)
+	}
+	if _, err := io.ReadFull(nc, make([]byte, binary.BigEndian.Uint32(rest[16:]))); err != nil {
+		t.Fatalf("ServerInit's name: %v", err)
+	}
+	nc.Write([]byte{3, 0, 0, 0, 0, 0, 0, 1, 0, 1}) // FramebufferUpdateRequest of one pixel
+	typ := make([]byte, 1)
+	if _, err := io.ReadFull(nc, typ); err != nil || typ[0] != 0 {
+		t.Fatalf("the first session after a refused second one: message %v, %v; want a FramebufferUpdate (0)", typ, err)
+	}
 
 	// The 2.1 action gives the same kind of URL.
 	st, m = call(t, client, c, "POST", "/servers/"+id+"/action", demo, "2.1", `{"os-getVNCConsole":{"type":"novnc"}}`)
@@ -327,4 +389,217 @@ func TestQEMUConsole(t *testing.T) {
 		t.Fatalf("second console websocket: %v", err)
 	}
 	ws2.CloseNow()
+
+	// The panel's server page: its frame opens the console, and so does
+	// "open in a new tab" afterwards.
+	frame, newTab := panelConsole(t, c, id)
+	for _, u := range []string{frame, newTab} {
+		ws, _, err := dialConsole(t, client, u, "")
+		if err != nil {
+			t.Fatalf("the panel's console %s: %v", u, err)
+		}
+		ws.CloseNow()
+	}
+
+	// An expired URL is refused (its expiry moved to the past: the proxy
+	// reads the same row when the time has come).
+	st, m = call(t, client, c, "POST", "/servers/"+id+"/remote-consoles", demo, "2.6",
+		`{"remote_console":{"protocol":"vnc","type":"novnc"}}`)
+	if st != 200 {
+		t.Fatalf("remote-consoles: %d %v", st, m)
+	}
+	expired := m["remote_console"].(map[string]any)["url"].(string)
+	if _, err := c.DB.Exec(ctx, "UPDATE compute_console_tokens SET expires_at = ? WHERE token_hash = ?",
+		store.FormatTime(time.Now().Add(-time.Second)), tokenHash(t, expired)); err != nil {
+		t.Fatal(err)
+	}
+	if ws, resp, err := dialConsole(t, client, expired, ""); err == nil {
+		ws.CloseNow()
+		t.Fatal("an expired console URL opened a session")
+	} else if resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("expired: %v %v, want 403", resp, err)
+	}
+}
+
+var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// panelConsole signs in to the panel as the demo user and returns the
+// console URL of server id's page frame, and the one its "open the console
+// in a new tab" gives.
+func panelConsole(t *testing.T, c *cloud.Cloud, id string) (frame, newTab string) {
+	t.Helper()
+	hc := testenv.HTTPClient(t, c)
+	hc.Jar, _ = cookiejar.New(nil)
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	get := func(path string) string {
+		t.Helper()
+		resp, err := hc.Get(c.PanelURL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("panel %s: %d", path, resp.StatusCode)
+		}
+		return string(b)
+	}
+	m := csrfRE.FindStringSubmatch(get("/login"))
+	if m == nil {
+		t.Fatal("no form token on the panel's sign-in page")
+	}
+	resp, err := hc.PostForm(c.PanelURL+"/login", url.Values{"csrf": {m[1]}, "email": {cloud.DemoUser}, "password": {c.Secrets.DemoPassword}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("panel sign-in: %d", resp.StatusCode)
+	}
+	page := get("/servers/" + id)
+	fm := regexp.MustCompile(`<iframe class="console" src="([^"]+)"`).FindStringSubmatch(page)
+	action := "/servers/" + id + "/console"
+	if fm == nil || !strings.Contains(page, `<form method="post" action="`+action+`" target="_blank"`) {
+		t.Fatalf("the server's page has no console frame or no form to open the console in a new tab")
+	}
+	resp, err = hc.PostForm(c.PanelURL+action, url.Values{"csrf": csrfRE.FindStringSubmatch(page)[1:2]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("POST %s: %d", action, resp.StatusCode)
+	}
+	// The form sends the browser to the console proxy, which the page's
+	// policy must let a form's answer lead to.
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "form-action 'self' "+c.ConsoleURL+";") {
+		t.Errorf("the panel's policy %q keeps the form's answer from leading to the console %s", csp, c.ConsoleURL)
+	}
+	return html.UnescapeString(fm[1]), resp.Header.Get("Location")
+}
+
+// tokenHash is the stored hash of the token in a console URL.
+func tokenHash(t *testing.T, consoleURL string) string {
+	t.Helper()
+	u, err := url.Parse(consoleURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, ok := strings.CutPrefix(u.Query().Get("path"), "?token=")
+	if !ok || tok == "" {
+		t.Fatalf("no token in %s", consoleURL)
+	}
+	h := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(h[:])
+}
+
+// tcpConnsOf counts the TCP sockets of this network namespace, listeners
+// aside, with port at either end: open, closing or in TIME_WAIT.
+func tcpConnsOf(t *testing.T, port int) int {
+	t.Helper()
+	n := 0
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) < 4 || fs[3] == "0A" { // 0A: LISTEN
+				continue
+			}
+			for _, addr := range fs[1:3] {
+				if i := strings.LastIndexByte(addr, ':'); i >= 0 {
+					if p, err := strconv.ParseUint(addr[i+1:], 16, 16); err == nil && int(p) == port {
+						n++
+						break
+					}
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestConsoleTokenOnce races connections with one token through the
+// proxies of every controller sharing the database (two on PostgreSQL):
+// exactly one gets the console, the others are refused.
+func TestConsoleTokenOnce(t *testing.T) {
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		c := testenv.StartCloud(t, dbURL)
+		clouds := []*cloud.Cloud{c}
+		if strings.HasPrefix(dbURL, "postgres") {
+			clouds = append(clouds, testenv.StartCloud(t, dbURL))
+		}
+		client := testenv.HTTPClient(t, c)
+		demo := testenv.Token(t, c, cloud.DemoUser)
+		ctx := context.Background()
+		var imageID string
+		if err := c.DB.QueryRow(ctx, "SELECT id FROM images WHERE name = ?", "Debian 12").Scan(&imageID); err != nil {
+			t.Fatal(err)
+		}
+		st, m := call(t, client, c, "POST", "/servers", demo, "2.37",
+			`{"server":{"name":"console","imageRef":"`+imageID+`","flavorRef":"2","networks":"none"}}`)
+		if st != 202 {
+			t.Fatalf("create: %d %v", st, m)
+		}
+		id := waitActive(t, client, c, demo, m["server"].(map[string]any)["id"].(string), 20*time.Second)
+		var computeHost string
+		if err := c.DB.QueryRow(ctx, "SELECT host FROM compute_servers WHERE id = ?", id).Scan(&computeHost); err != nil {
+			t.Fatal(err)
+		}
+		host, port := rfbEndpoint(t, "s3cret")
+		now := time.Now()
+		h := sha256.Sum256([]byte("raced-token"))
+		if _, err := c.DB.Exec(ctx, `INSERT INTO compute_console_tokens (token_hash, server_id, project_id, compute_host,
+			console_type, host, port, secret, expires_at, created_at) VALUES (?, ?, 'p', ?, 'novnc', ?, ?, 's3cret', ?, ?)`,
+			hex.EncodeToString(h[:]), id, computeHost, host, port, store.FormatTime(now.Add(time.Minute)), store.FormatTime(now)); err != nil {
+			t.Fatal(err)
+		}
+		const n = 8
+		type result struct {
+			ok     bool
+			status int
+			err    error
+		}
+		results := make(chan result, n)
+		start := make(chan struct{})
+		for i := 0; i < n; i++ {
+			cl := clouds[i%len(clouds)]
+			hc := testenv.HTTPClient(t, cl)
+			u := cl.ConsoleURL + "/vnc_lite.html?" + url.Values{"path": {"?token=raced-token"}}.Encode()
+			go func() {
+				<-start
+				ws, resp, err := dialConsole(t, hc, u, "")
+				if err != nil {
+					r := result{err: err}
+					if resp != nil {
+						r.status = resp.StatusCode
+					}
+					results <- r
+					return
+				}
+				defer ws.CloseNow()
+				nc := websocket.NetConn(ctx, ws, websocket.MessageBinary)
+				nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+				b := make([]byte, 12)
+				_, err = io.ReadFull(nc, b)
+				results <- result{ok: err == nil && string(b) == "RFB 003.008\n", err: err}
+			}()
+		}
+		close(start)
+		won := 0
+		for i := 0; i < n; i++ {
+			r := <-results
+			switch {
+			case r.ok:
+				won++
+			case r.status != http.StatusForbidden:
+				t.Errorf("a losing connection: status %d, %v; want 403", r.status, r.err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("%d of %d connections with one token got the console through %d controller(s), want 1", won, n, len(clouds))
+		}
+	})
 }

@@ -23,11 +23,15 @@ import (
 	"nimbus/internal/store"
 )
 
-// fakeTokens is a token table in memory.
+// fakeTokens is a token table in memory (compute's, in the store, is
+// tested on both engines in cloud_test.go): Consume deletes a token.
 type fakeTokens struct {
 	mu  sync.Mutex
 	m   map[string]driver.ConsoleEndpoint
+	n   int
 	err error
+	// lost are tokens another request spends between Lookup and Consume.
+	lost map[string]bool
 }
 
 func (f *fakeTokens) Lookup(ctx context.Context, token string) (driver.ConsoleEndpoint, error) {
@@ -41,6 +45,32 @@ func (f *fakeTokens) Lookup(ctx context.Context, token string) (driver.ConsoleEn
 		return ep, fmt.Errorf("token: %w", store.ErrNotFound)
 	}
 	return ep, nil
+}
+
+func (f *fakeTokens) Consume(ctx context.Context, token string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return f.err
+	}
+	if _, ok := f.m[token]; !ok || f.lost[token] {
+		return fmt.Errorf("token: %w", store.ErrNotFound)
+	}
+	delete(f.m, token)
+	return nil
+}
+
+// add makes a new token for ep and returns it.
+func (f *fakeTokens) add(ep driver.ConsoleEndpoint) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n++
+	tok := fmt.Sprintf("tok%d", f.n)
+	if f.m == nil {
+		f.m = map[string]driver.ConsoleEndpoint{}
+	}
+	f.m[tok] = ep
+	return tok
 }
 
 // FakeEndpoint is a console endpoint as a host's relay is: it reads the
@@ -131,7 +161,8 @@ func readGreeting(t *testing.T, nc net.Conn) {
 
 func TestProxy(t *testing.T) {
 	ep := startEndpoint(t, "the-secret")
-	tokens := &fakeTokens{m: map[string]driver.ConsoleEndpoint{"good": ep.endpoint()}}
+	tokens := &fakeTokens{}
+	fresh := func() string { return tokens.add(ep.endpoint()) }
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	p := New(Config{Tokens: tokens, Context: ctx, Log: quietLog(), Origins: []string{"dashboard.example.com"},
@@ -146,7 +177,7 @@ func TestProxy(t *testing.T) {
 	}
 
 	t.Run("session", func(t *testing.T) {
-		c, _, err := dial("/?token=good", &websocket.DialOptions{Subprotocols: []string{"binary"}})
+		c, _, err := dial("/?token="+fresh(), &websocket.DialOptions{Subprotocols: []string{"binary"}})
 		if err != nil {
 			t.Fatalf("dial: %v", err)
 		}
@@ -179,7 +210,7 @@ func TestProxy(t *testing.T) {
 
 	t.Run("websockify path, no subprotocol, noVNC origin", func(t *testing.T) {
 		hdr := http.Header{"Origin": {srv.URL}}
-		c, _, err := dial("/websockify?token=good", &websocket.DialOptions{HTTPHeader: hdr})
+		c, _, err := dial("/websockify?token="+fresh(), &websocket.DialOptions{HTTPHeader: hdr})
 		if err != nil {
 			t.Fatalf("dial: %v", err)
 		}
@@ -189,7 +220,7 @@ func TestProxy(t *testing.T) {
 
 	t.Run("configured origin", func(t *testing.T) {
 		hdr := http.Header{"Origin": {"https://dashboard.example.com"}}
-		c, _, err := dial("/?token=good", &websocket.DialOptions{HTTPHeader: hdr})
+		c, _, err := dial("/?token="+fresh(), &websocket.DialOptions{HTTPHeader: hdr})
 		if err != nil {
 			t.Fatalf("dial: %v", err)
 		}
@@ -198,7 +229,7 @@ func TestProxy(t *testing.T) {
 	})
 
 	t.Run("token cookie", func(t *testing.T) {
-		hdr := http.Header{"Cookie": {"token=good"}}
+		hdr := http.Header{"Cookie": {"token=" + fresh()}}
 		c, _, err := dial("/", &websocket.DialOptions{HTTPHeader: hdr})
 		if err != nil {
 			t.Fatalf("dial: %v", err)
@@ -222,8 +253,17 @@ func TestProxy(t *testing.T) {
 		refused(t, "/?token=bad", nil, http.StatusForbidden)
 		refused(t, "/?token=", nil, http.StatusBadRequest)
 		refused(t, "/", nil, http.StatusBadRequest)
-		refused(t, "/elsewhere?token=good", nil, http.StatusNotFound)
-		refused(t, "/?token=good", http.Header{"Origin": {"https://evil.example.net"}}, http.StatusForbidden)
+		tok := fresh()
+		refused(t, "/elsewhere?token="+tok, nil, http.StatusNotFound)
+		refused(t, "/?token="+tok, http.Header{"Origin": {"https://evil.example.net"}}, http.StatusForbidden)
+		// Neither spent the token: it opens a session, once.
+		c, _, err := dial("/?token="+tok, nil)
+		if err != nil {
+			t.Fatalf("after refused requests: %v", err)
+		}
+		defer c.CloseNow()
+		readGreeting(t, websocket.NetConn(context.Background(), c, websocket.MessageBinary))
+		refused(t, "/?token="+tok, nil, http.StatusForbidden)
 	})
 
 	t.Run("endpoint away", func(t *testing.T) {
@@ -234,6 +274,13 @@ func TestProxy(t *testing.T) {
 		tokens.m["away"] = driver.ConsoleEndpoint{Host: "127.0.0.1", Port: addr.Port, Secret: "x"}
 		tokens.mu.Unlock()
 		refused(t, "/?token=away", nil, http.StatusBadGateway)
+		// The token is left for when the host is back.
+		tokens.mu.Lock()
+		_, kept := tokens.m["away"]
+		tokens.mu.Unlock()
+		if !kept {
+			t.Error("a console that could not be reached spent its token")
+		}
 	})
 
 	t.Run("store down", func(t *testing.T) {
@@ -241,7 +288,7 @@ func TestProxy(t *testing.T) {
 		tokens.err = errors.New("database is down")
 		tokens.mu.Unlock()
 		defer func() { tokens.mu.Lock(); tokens.err = nil; tokens.mu.Unlock() }()
-		refused(t, "/?token=good", nil, http.StatusServiceUnavailable)
+		refused(t, "/?token=tok1", nil, http.StatusServiceUnavailable)
 	})
 
 	t.Run("secret sent", func(t *testing.T) {
@@ -258,7 +305,7 @@ func TestProxy(t *testing.T) {
 	})
 
 	t.Run("proxy context ends sessions", func(t *testing.T) {
-		c, _, err := dial("/?token=good", nil)
+		c, _, err := dial("/?token="+fresh(), nil)
 		if err != nil {
 			t.Fatalf("dial: %v", err)
 		}
@@ -334,5 +381,92 @@ func TestDefaults(t *testing.T) {
 	p := New(Config{Tokens: &fakeTokens{}})
 	if p.cfg.StaticDir != DefaultStaticDir || p.cfg.DialTimeout != 10*time.Second || p.cfg.Context == nil || p.log == nil {
 		t.Errorf("defaults: %+v", p.cfg)
+	}
+}
+
+// TestRefusedBeforeDial checks that a request the proxy refuses never
+// reaches the console endpoint: the endpoint is a listener this test
+// accepts from itself, so a connection the proxy made before answering
+// is waiting in its backlog when the answer arrives.
+func TestRefusedBeforeDial(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	a := ln.Addr().(*net.TCPAddr)
+	tokens := &fakeTokens{m: map[string]driver.ConsoleEndpoint{"good": {Host: a.IP.String(), Port: a.Port, Secret: "s"}}}
+	p := New(Config{Tokens: tokens, Log: quietLog(), Origins: []string{"dashboard.example.com"},
+		StaticDir: filepath.Join(t.TempDir(), "none")})
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	hostname, _, _ := net.SplitHostPort(host)
+
+	for _, tc := range []struct {
+		name, path, origin string
+		want               int
+	}{
+		{"foreign origin", "/?token=good", "https://evil.example.net", http.StatusForbidden},
+		{"foreign origin, token cookie", "/", "https://evil.example.net", http.StatusForbidden},
+		{"another port of the proxy's host", "/?token=good", "http://" + hostname + ":1", http.StatusForbidden},
+		{"the proxy's host and port, another scheme", "/?token=good", "https://" + host, http.StatusForbidden},
+		{"opaque origin", "/?token=good", "null", http.StatusForbidden},
+		{"origin without a host", "/?token=good", "file:///tmp/x.html", http.StatusForbidden},
+		{"unknown token", "/?token=bad", "", http.StatusForbidden},
+		{"no token", "/", "", http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hdr := http.Header{}
+			if tc.origin != "" {
+				hdr.Set("Origin", tc.origin)
+			}
+			if strings.Contains(tc.name, "cookie") {
+				hdr.Set("Cookie", "token=good")
+			}
+			dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, resp, err := websocket.Dial(dctx, wsURL(srv, tc.path), &websocket.DialOptions{HTTPHeader: hdr})
+			if err == nil {
+				c.CloseNow()
+				t.Error("websocket accepted")
+			} else if resp == nil || resp.StatusCode != tc.want {
+				t.Errorf("%v %v, want %d", resp, err, tc.want)
+			}
+			for {
+				ln.(*net.TCPListener).SetDeadline(time.Now().Add(100 * time.Millisecond))
+				rc, err := ln.Accept()
+				if err != nil {
+					break
+				}
+				rc.Close()
+				t.Error("the proxy connected to the console endpoint for a request it refused")
+			}
+		})
+	}
+
+	// A request that loses the race for its token has dialed (the token
+	// was good when it looked) but sends nothing before it hangs up.
+	tokens.mu.Lock()
+	tokens.m["raced"] = tokens.m["good"]
+	tokens.lost = map[string]bool{"raced": true}
+	tokens.mu.Unlock()
+	dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if c, resp, err := websocket.Dial(dctx, wsURL(srv, "/?token=raced"), nil); err == nil {
+		c.CloseNow()
+		t.Fatal("a token lost to another request opened a session")
+	} else if resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("lost token: %v %v, want 403", resp, err)
+	}
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
+	rc, err := ln.Accept()
+	if err != nil {
+		t.Fatalf("the proxy did not dial for a token it found: %v", err)
+	}
+	defer rc.Close()
+	rc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(rc); len(b) != 0 || err != nil {
+		t.Fatalf("the endpoint read %q, %v; want nothing and EOF", b, err)
 	}
 }

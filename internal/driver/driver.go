@@ -382,7 +382,8 @@ type Access struct {
 
 // ConsoleEndpoint is where a server's VNC console is reached: a TCP
 // address on its host that speaks RFB once it has read the line
-// Secret + "\n" (so that only the console proxy gets in).
+// Secret + "\n" (so that only the console proxy gets in). Each Console
+// call gives a secret of its own, which opens one connection.
 type ConsoleEndpoint struct {
 	Host   string `json:"host"`
 	Port   int    `json:"port"`

@@ -38,15 +38,16 @@ var (
 func BadRequest(msg string) error { return &APIError{Status: http.StatusBadRequest, Message: msg} }
 
 // securityHeaders are on every answer: a strict CSP (no inline script or
-// style, nothing from another origin but the console's frame), no framing,
+// style, nothing from another origin but the console's frame, and forms
+// sent only here, whose answer may lead on to the console), no framing,
 // no sniffing, no referrer beyond the origin.
 func (p *Panel) securityHeaders(h http.Header) {
-	frame := "'none'"
+	frame, forms := "'none'", "'self'"
 	if p.cfg.ConsoleURL != "" {
-		frame = p.cfg.ConsoleURL
+		frame, forms = p.cfg.ConsoleURL, forms+" "+p.cfg.ConsoleURL
 	}
 	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "+
-		"connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "+
+		"connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action "+forms+"; "+
 		"frame-ancestors 'none'; frame-src "+frame)
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")

@@ -25,6 +25,7 @@ func (p *Panel) serverRoutes() []route {
 		{"GET /servers/{id}", member, p.serverPage},
 		{"GET /servers/{id}/delete", member, p.serverDeletePage},
 		{"POST /servers/{id}/delete", member, p.serverDelete},
+		{"POST /servers/{id}/console", member, p.serverConsole},
 		{"POST /servers/{id}/{action}", member, p.serverAction},
 	}
 }
@@ -633,13 +634,8 @@ func (p *Panel) serverPage(q *req) error {
 			if s.Status != "ACTIVE" {
 				return nil
 			}
-			var out struct {
-				Console struct {
-					URL string `json:"url"`
-				} `json:"remote_console"`
-			}
-			err := q.api.Post(ctx, Compute, base+"/remote-consoles", map[string]any{"remote_console": map[string]string{"protocol": "vnc", "type": "novnc"}}, &out)
-			d.ConsoleURL = out.Console.URL
+			var err error
+			d.ConsoleURL, err = q.consoleURL(base)
 			if ae, ok := err.(*APIError); ok && ae.Status < 500 {
 				d.ConsoleError = ae.Message
 			}
@@ -758,6 +754,40 @@ func (p *Panel) serverAction(q *req) error {
 		return actionError(q, page, err)
 	}
 	return q.redirect(page, q.T(a.done))
+}
+
+// consoleURL asks the API, as the user, for a noVNC URL of the server at
+// base ("/servers/<id>"). A URL opens one session: the page's frame has
+// its own, and "open in a new tab" asks for another (serverConsole).
+func (q *req) consoleURL(base string) (string, error) {
+	var out struct {
+		Console struct {
+			URL string `json:"url"`
+		} `json:"remote_console"`
+	}
+	err := q.api.Post(q.r.Context(), Compute, base+"/remote-consoles",
+		map[string]any{"remote_console": map[string]string{"protocol": "vnc", "type": "novnc"}}, &out)
+	if err != nil {
+		return "", err
+	}
+	// The panel sends browsers only to its own console proxy.
+	if q.p.cfg.ConsoleURL == "" || !strings.HasPrefix(out.Console.URL, q.p.cfg.ConsoleURL+"/") {
+		return "", fmt.Errorf("panel: console URL %q is not on the console proxy %q", out.Console.URL, q.p.cfg.ConsoleURL)
+	}
+	return out.Console.URL, nil
+}
+
+// serverConsole is POST /servers/{id}/console, the page's "open the
+// console in a new tab": a fresh console URL, as the page's frame spent
+// its own.
+func (p *Panel) serverConsole(q *req) error {
+	page := "/servers/" + url.PathEscape(q.r.PathValue("id"))
+	u, err := q.consoleURL(page)
+	if err != nil {
+		return actionError(q, page, err)
+	}
+	http.Redirect(q.w, q.r, u, http.StatusSeeOther)
+	return nil
 }
 
 // actionError goes back with the API's message, except that a server the

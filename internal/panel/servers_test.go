@@ -301,6 +301,7 @@ func TestServersOtherCustomer(t *testing.T) {
 		{"stop", url.Values{}}, {"start", url.Values{}}, {"reboot", url.Values{"type": {"HARD"}}},
 		{"shelve", url.Values{}}, {"rebuild", url.Values{"image": {srvImage(t, c, "Debian 12")}}},
 		{"resize", url.Values{"flavor": {"d2.4g.local"}}}, {"delete", url.Values{"confirm": {"yes"}}},
+		{"console", url.Values{}},
 	} {
 		t.Run(tc.action, func(t *testing.T) {
 			status, loc, body := w.post("/servers", page+"/"+tc.action, tc.form, true)
@@ -453,6 +454,17 @@ func TestServersActions(t *testing.T) {
 	}
 	if status, _, _ := w.post(page, page+"/stop", url.Values{}, false); status != http.StatusForbidden {
 		t.Errorf("a form without its token: %d, want 403", status)
+	}
+	// A console in a new tab asks the API for a URL as the user; the fake
+	// driver has none, which the page then says (the qemu driver's way is
+	// in internal/console's TestQEMUConsole).
+	if status, _, _ := w.post(page, page+"/console", url.Values{}, false); status != http.StatusForbidden {
+		t.Errorf("the console form without its token: %d, want 403", status)
+	}
+	if status, loc, body := w.post(page, page+"/console", url.Values{}, true); status != http.StatusSeeOther || loc != page {
+		t.Errorf("the console form: %d %q %s", status, loc, snippet(body))
+	} else if _, _, after := w.get(loc); !strings.Contains(after, `<p class="flash bad" role="alert">Unavailable console type novnc.</p>`) {
+		t.Errorf("after the console form the page does not say why there is none")
 	}
 	status, loc, _ := w.post(page+"/delete", page+"/delete", url.Values{"confirm": {"yes"}}, true)
 	if status != http.StatusSeeOther || loc != "/servers" {

@@ -183,6 +183,26 @@ func startNetlab(t *testing.T) *netlab {
 	return l
 }
 
+// waitHostsUp waits until the controller has both hosts' compute services up.
+func (l *netlab) waitHostsUp(ctx context.Context) {
+	l.t.Helper()
+	adm := testenv.Compute(l.t, l.admin, "2.79")
+	waitFor(l.t, 60*time.Second, "both hosts up", func() bool {
+		pages, err := services.List(adm, services.ListOpts{Binary: "nova-compute"}).AllPages(ctx)
+		if err != nil {
+			return false
+		}
+		svcs, _ := services.ExtractServices(pages)
+		up := 0
+		for _, s := range svcs {
+			if (s.Host == "hva" || s.Host == "hvb") && s.State == "up" {
+				up++
+			}
+		}
+		return up == 2
+	}, l.ctl, l.agents["hva"], l.agents["hvb"])
+}
+
 // killUnder kills every process whose command line names a path under dir.
 func killUnder(dir string) {
 	ents, _ := os.ReadDir("/proc")
@@ -338,14 +358,20 @@ func (tn *labTenant) allowSSH(ctx context.Context) string {
 // than those of avoid) and waits for ACTIVE; it returns the server, its
 // fixed IP and its host.
 func (tn *labTenant) boot(ctx context.Context, l *netlab, name, flavor string, avoid ...string) (id, ip, host string) {
-	t := tn.q.t
-	t.Helper()
-	opts := servers.CreateOpts{Name: name, ImageRef: tn.image, FlavorRef: flavor,
-		Networks: []servers.Network{{UUID: tn.netID}}, SecurityGroups: []string{"default", tn.sgSSH}}
+	tn.q.t.Helper()
 	var hints servers.SchedulerHintOptsBuilder
 	if len(avoid) > 0 {
 		hints = servers.SchedulerHintOpts{DifferentHost: avoid}
 	}
+	return tn.bootWith(ctx, l, name, flavor, hints)
+}
+
+// bootWith is boot with the scheduler hints given (nil: none).
+func (tn *labTenant) bootWith(ctx context.Context, l *netlab, name, flavor string, hints servers.SchedulerHintOptsBuilder) (id, ip, host string) {
+	t := tn.q.t
+	t.Helper()
+	opts := servers.CreateOpts{Name: name, ImageRef: tn.image, FlavorRef: flavor,
+		Networks: []servers.Network{{UUID: tn.netID}}, SecurityGroups: []string{"default", tn.sgSSH}}
 	sv, err := servers.Create(ctx, tn.q.compute, keypairs.CreateOptsExt{CreateOptsBuilder: opts, KeyName: "e2e"}, hints).Extract()
 	if err != nil {
 		t.Fatalf("create %s: %v", name, err)
@@ -463,20 +489,7 @@ func TestBridgedNetwork(t *testing.T) {
 	l := startNetlab(t)
 	ctx := context.Background()
 	adm := testenv.Compute(t, l.admin, "2.79")
-	waitFor(t, 60*time.Second, "both hosts up", func() bool {
-		pages, err := services.List(adm, services.ListOpts{Binary: "nova-compute"}).AllPages(ctx)
-		if err != nil {
-			return false
-		}
-		svcs, _ := services.ExtractServices(pages)
-		up := 0
-		for _, s := range svcs {
-			if (s.Host == "hva" || s.Host == "hvb") && s.State == "up" {
-				up++
-			}
-		}
-		return up == 2
-	}, l.ctl, l.agents["hva"], l.agents["hvb"])
+	l.waitHostsUp(ctx)
 
 	// A second project, with a user of its own.
 	idc, err := openstack.NewIdentityV3(l.admin, gophercloud.EndpointOpts{})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,13 +29,16 @@ import (
 // what follows is QEMU's RFB. A wrong secret, or none within
 // consoleHandshake, closes the connection before any byte of RFB.
 //
-// Each server gets a random secret on its first Console call, kept in
-// memory only: after an agent restart (a new relay, on a new port unless
-// ConsoleListen fixes it) the next Console call makes a new one, which is
-// fine because the proxy asks for the endpoint at every console request.
+// Each Console call makes a random secret that opens one connection, to
+// that server, within consoleSecretTTL: compute keeps it with the console
+// token it makes for the call, and the proxy sends it once, when it spends
+// the token. Only secrets' SHA-256 hashes are kept, in memory: after an
+// agent restart (a new relay, on a new port unless ConsoleListen fixes it)
+// the tokens made before lead nowhere and the next Console call works.
 // The secret stands between the relay port and anyone else who reaches it
 // (other hosts, and guests, which reach the host's addresses through their
-// user-mode network).
+// user-mode network); one seen on the hosts' network, where the proxy
+// sends it in the clear, or in a token's row opens nothing more.
 
 const (
 	// consoleHandshake bounds how long a connection may take to send its
@@ -46,6 +49,13 @@ const (
 	// maxConsoleHandshakes bounds the connections that have not yet sent
 	// their secret; more are closed at once.
 	maxConsoleHandshakes = 64
+	// consoleSecretTTL is how long a secret waits for its connection:
+	// longer than a console token waits to be opened (compute's
+	// ConsoleTokenTTL, 2 min), with room for the hosts' clocks.
+	consoleSecretTTL = 10 * time.Minute
+	// maxConsoleSecrets bounds the unused secrets of one server (each
+	// console URL asked for makes one); the oldest go first.
+	maxConsoleSecrets = 32
 )
 
 // errBadSecret is a secret line that is no server's secret.
@@ -62,10 +72,15 @@ type consoleRelay struct {
 	slots chan struct{} // one per connection still in its handshake
 
 	mu      sync.Mutex
-	secrets map[string]string   // server id → secret
-	ids     map[[32]byte]string // SHA-256 of a secret → server id
+	secrets map[[32]byte]relaySecret // by the SHA-256 of the secret
 	conns   map[net.Conn]struct{}
 	closed  bool
+}
+
+// relaySecret is what an unused secret opens, and until when.
+type relaySecret struct {
+	id      string
+	expires time.Time
 }
 
 // relays are the drivers' relays, made on first use (so that the relay
@@ -122,7 +137,7 @@ func (d *Driver) consoleRelay() (*consoleRelay, error) {
 	}
 	r := &consoleRelay{d: d, log: d.log, ln: ln, host: host, port: ln.Addr().(*net.TCPAddr).Port,
 		slots:   make(chan struct{}, maxConsoleHandshakes),
-		secrets: map[string]string{}, ids: map[[32]byte]string{}, conns: map[net.Conn]struct{}{}}
+		secrets: map[[32]byte]relaySecret{}, conns: map[net.Conn]struct{}{}}
 	if relays.m == nil {
 		relays.m = map[*Driver]*consoleRelay{}
 	}
@@ -169,42 +184,52 @@ func listenConsole(listen, hostIP string, log *slog.Logger) (ln net.Listener, ho
 	return ln, host, nil
 }
 
-// secretFor returns a server's secret, making one the first time. It also
-// forgets the secrets of servers the driver no longer has.
+// secretFor makes a secret that opens one connection to server id's
+// console. It also forgets the secrets that expired, or whose server the
+// driver no longer has, and the oldest of id's beyond maxConsoleSecrets.
 func (r *consoleRelay) secretFor(id string) (string, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for other, s := range r.secrets {
-		if other != id && r.d.lookup(other) == nil {
-			delete(r.secrets, other)
-			delete(r.ids, sha256.Sum256([]byte(s)))
-		}
-	}
-	if s, ok := r.secrets[id]; ok {
-		return s, nil
-	}
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
 		return "", fmt.Errorf("qemu: console secret: %w", err)
 	}
 	s := hex.EncodeToString(b)
-	r.secrets[id] = s
-	r.ids[sha256.Sum256([]byte(s))] = id
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var mine [][32]byte
+	for h, rs := range r.secrets {
+		switch {
+		case !now.Before(rs.expires) || (rs.id != id && r.d.lookup(rs.id) == nil):
+			delete(r.secrets, h)
+		case rs.id == id:
+			mine = append(mine, h)
+		}
+	}
+	if over := len(mine) + 1 - maxConsoleSecrets; over > 0 {
+		slices.SortFunc(mine, func(a, b [32]byte) int { return r.secrets[a].expires.Compare(r.secrets[b].expires) })
+		for _, h := range mine[:over] {
+			delete(r.secrets, h)
+		}
+	}
+	r.secrets[sha256.Sum256([]byte(s))] = relaySecret{id: id, expires: now.Add(consoleSecretTTL)}
 	return s, nil
 }
 
-// resolve finds the VNC socket of the running server whose secret this is.
+// resolve spends a secret and finds the VNC socket of the running server
+// it opens.
 func (r *consoleRelay) resolve(secret string) (string, error) {
+	// Secrets are found by their hash, which tells nothing of the secret
+	// by the time a lookup takes, and a secret's hash matching is the
+	// secret matching.
 	h := sha256.Sum256([]byte(secret))
 	r.mu.Lock()
-	id, ok := r.ids[h]
-	want := r.secrets[id]
+	rs, ok := r.secrets[h]
+	delete(r.secrets, h)
 	r.mu.Unlock()
-	// The map is keyed by the secret's hash, so its lookup tells nothing
-	// of the secret; the comparison itself is constant-time.
-	if !ok || subtle.ConstantTimeCompare([]byte(want), []byte(secret)) != 1 {
+	if !ok || !time.Now().Before(rs.expires) {
 		return "", errBadSecret
 	}
+	id := rs.id
 	v := r.d.lookup(id)
 	if v == nil {
 		return "", fmt.Errorf("qemu: console of %s: no such server", id)

@@ -3,6 +3,7 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"io"
 	"net"
@@ -194,8 +195,11 @@ func TestConsole(t *testing.T) {
 	if ep.Host != "127.0.0.1" || ep.Port == 0 || len(ep.Secret) != 64 {
 		t.Fatalf("endpoint %+v", ep)
 	}
-	if again, err := d.Console(ctx, id); err != nil || again != ep {
-		t.Fatalf("Console again: %+v, %v; want %+v", again, err, ep)
+	// Each call is a secret of its own (each console token has one), on
+	// the same relay.
+	again, err := d.Console(ctx, id)
+	if err != nil || again.Host != ep.Host || again.Port != ep.Port || again.Secret == ep.Secret || len(again.Secret) != 64 {
+		t.Fatalf("Console again: %+v, %v; want the relay of %+v with another secret", again, err, ep)
 	}
 	addr := net.JoinHostPort(ep.Host, strconv.Itoa(ep.Port))
 	c, err := net.Dial("tcp", addr)
@@ -207,6 +211,26 @@ func TestConsole(t *testing.T) {
 	if g := readGreeting(t, c); g != "RFB 003.008\n" {
 		t.Fatalf("greeting %q", g)
 	}
+	// A secret opens one connection: the line seen once (on the hosts'
+	// network, or in a token's row) opens nothing more.
+	replay, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replay.Close()
+	io.WriteString(replay, ep.Secret+"\n")
+	wantClosed(t, replay)
+	// The other secret still opens its one.
+	c1, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	io.WriteString(c1, again.Secret+"\n")
+	if g := readGreeting(t, c1); g != "RFB 003.008\n" {
+		t.Fatalf("greeting with the second secret %q", g)
+	}
+	c1.Close()
 
 	bad, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -217,6 +241,10 @@ func TestConsole(t *testing.T) {
 	wantClosed(t, bad)
 
 	// A stopped server has no console; its open session ends with QEMU.
+	spare, err := d.Console(ctx, id)
+	if err != nil {
+		t.Fatalf("Console: %v", err)
+	}
 	if err := d.PowerOff(ctx, id, false); err != nil {
 		t.Fatalf("PowerOff: %v", err)
 	}
@@ -227,13 +255,13 @@ func TestConsole(t *testing.T) {
 	if _, err := io.Copy(io.Discard, c); err != nil {
 		t.Fatalf("session after power off: %v, want EOF", err)
 	}
-	// The old secret opens nothing while the server is off.
+	// An unused secret opens nothing while the server is off.
 	c2, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	io.WriteString(c2, ep.Secret+"\n")
+	io.WriteString(c2, spare.Secret+"\n")
 	wantClosed(t, c2)
 
 	if err := d.Destroy(ctx, id); err != nil {
@@ -248,5 +276,46 @@ func TestConsole(t *testing.T) {
 		if n != 0 {
 			t.Fatal("the relay still answers after Close")
 		}
+	}
+}
+
+// TestConsoleSecrets checks the relay's bookkeeping of secrets: a server
+// keeps at most maxConsoleSecrets unused ones, the newest; an expired
+// secret is refused, and forgotten when the next is made.
+func TestConsoleSecrets(t *testing.T) {
+	r := &consoleRelay{secrets: map[[32]byte]relaySecret{}}
+	var made []string
+	for i := 0; i < maxConsoleSecrets+8; i++ {
+		s, err := r.secretFor("a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, s)
+	}
+	if len(r.secrets) != maxConsoleSecrets {
+		t.Fatalf("%d secrets kept, want %d", len(r.secrets), maxConsoleSecrets)
+	}
+	for i, s := range made {
+		_, kept := r.secrets[sha256.Sum256([]byte(s))]
+		if kept != (i >= 8) {
+			t.Errorf("secret %d kept: %v", i, kept)
+		}
+	}
+	h := sha256.Sum256([]byte(made[len(made)-1]))
+	r.secrets[h] = relaySecret{id: "a", expires: time.Now().Add(-time.Second)}
+	if _, err := r.resolve(made[len(made)-1]); !errors.Is(err, errBadSecret) {
+		t.Errorf("an expired secret: %v, want errBadSecret", err)
+	}
+	if _, ok := r.secrets[h]; ok {
+		t.Error("a refused secret is kept")
+	}
+	h = sha256.Sum256([]byte(made[len(made)-2]))
+	r.secrets[h] = relaySecret{id: "a", expires: time.Now().Add(-time.Second)}
+	r.secretFor("a")
+	if _, ok := r.secrets[h]; ok {
+		t.Error("an expired secret outlives the next one made")
+	}
+	if _, err := r.resolve(strings.Repeat("0", 64)); !errors.Is(err, errBadSecret) {
+		t.Errorf("an unknown secret: %v, want errBadSecret", err)
 	}
 }

@@ -39,8 +39,9 @@
   var st = document.querySelector("[data-server]"), leaving = false;
   if (st) {
     var id = st.getAttribute("data-server");
-    // A form on its way must not be cut short by a reload.
-    document.addEventListener("submit", function (e) { if (!e.defaultPrevented) { leaving = true; } });
+    // A form on its way must not be cut short by a reload (one answered
+    // in another tab, the console's, leaves this page as it is).
+    document.addEventListener("submit", function (e) { if (!e.defaultPrevented && e.target.target !== "_blank") { leaving = true; } });
     later("/servers/status.json?id=" + encodeURIComponent(id), function (d) {
       var s = d.servers[id];
       if (s && !leaving && (s.status !== st.getAttribute("data-status") || s.task !== st.getAttribute("data-task"))) {
