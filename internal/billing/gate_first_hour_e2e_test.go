@@ -102,7 +102,9 @@ func TestGateFirstHour(t *testing.T) {
 		// Two more paid for: max_count 5 starts two; min_count 3 none.
 		adjust(2 * hourly)
 		refused("min_count 3 paid for 2", "POST", c.ComputeURL+"/servers", server(small, `, "min_count": 3, "max_count": 5`))
-		var res struct{ ReservationID string `json:"reservation_id"` }
+		var res struct {
+			ReservationID string `json:"reservation_id"`
+		}
 		json.Unmarshal([]byte(call("POST", c.ComputeURL+"/servers",
 			server(small, `, "min_count": 1, "max_count": 5, "return_reservation_id": true`), 202)), &res)
 		var list struct{ Servers []struct{ ID string } }

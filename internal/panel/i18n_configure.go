@@ -78,8 +78,8 @@ func init() {
 		"vCPUs":     "vCPU",
 		"MB of RAM": "МБ памяти",
 		"Your balance and credit, less what the hour now running owes (%s), do not cover %s: top up first.": "Баланса и кредита за вычетом долга за текущий час (%s) не хватает на %s: сначала пополните счёт.",
-		"Your servers are being built":                                "Ваши серверы создаются",
-		"Your servers are being built.":                               "Ваши серверы создаются.",
-		"Go to my servers":                                            "К моим серверам",
+		"Your servers are being built":  "Ваши серверы создаются",
+		"Your servers are being built.": "Ваши серверы создаются.",
+		"Go to my servers":              "К моим серверам",
 	})
 }
