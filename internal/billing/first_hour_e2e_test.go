@@ -4,7 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -21,8 +25,8 @@ import (
 // hour equals POST /v1/quotes for the same choice: the server, the address
 // its flavor gives it and its root volume together, not each apart.
 func TestFirstHourEqualsQuote(t *testing.T) {
-	testenv.ForEachEngine(t, func(t *testing.T, url string) {
-		c := testenv.StartCloud(t, url)
+	testenv.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		c := testenv.StartCloud(t, dbURL)
 		hc := testenv.HTTPClient(t, c)
 		demo := testenv.Token(t, c, cloud.DemoUser)
 		f := &firstHour{t: t, c: c, hc: hc, token: demo, seen: map[string]bool{}}
@@ -47,22 +51,29 @@ func TestFirstHourEqualsQuote(t *testing.T) {
 			t.Errorf("g-mixed is quoted %s; want three A100 GPUs", mustJSON(t, mixed.Quote.Items))
 		}
 
+		panel := newConfigurator(t, c)
 		for _, tc := range []struct {
 			name, flavor, image string
 			quote               string // the quote's other fields
+			form                string // the same choice in the configurator
 		}{
-			{"local disk", "d2.4g.local", "Debian 12", ``},
-			{"public IPv4", "d2.4g.local.ipv4", "Debian 12", ``},
-			{"network disk", "d2.4g.network", "Debian 12", ``},
-			{"network disk and IPv4", "d4.8g.network.ipv4", "Debian 12", ``},
-			{"one GPU", "g.l4.x1", "Ubuntu 24.04", ``},
-			{"two GPUs", "g.a100-80gb.x2", "Ubuntu 24.04", ``},
-			{"GPUs in two entries", "g-mixed", "Ubuntu 24.04", ``},
-			{"Windows licence", "d2.4g.local.ipv4", "Windows Server 2022", `, "os_type": "windows"`},
+			{"local disk", "d2.4g.local", "Debian 12", ``, "vcpus=2&ram_gb=4&disk_gb=40&disk_type=local"},
+			{"public IPv4", "d2.4g.local.ipv4", "Debian 12", ``, "vcpus=2&ram_gb=4&disk_gb=40&disk_type=local&ipv4=yes"},
+			{"network disk", "d2.4g.network", "Debian 12", ``, "vcpus=2&ram_gb=4&disk_gb=40&disk_type=network"},
+			{"network disk and IPv4", "d4.8g.network.ipv4", "Debian 12", ``, "vcpus=4&ram_gb=8&disk_gb=80&disk_type=network&ipv4=yes"},
+			{"one GPU", "g.l4.x1", "Ubuntu 24.04", ``, "vcpus=8&ram_gb=48&disk_gb=100&disk_type=local&ipv4=yes&gpu_model=L4&gpu_count=1"},
+			{"two GPUs", "g.a100-80gb.x2", "Ubuntu 24.04", ``,
+				"vcpus=32&ram_gb=240&disk_gb=400&disk_type=local&ipv4=yes&gpu_model=A100+80GB&gpu_count=2"},
+			{"GPUs in two entries", "g-mixed", "Ubuntu 24.04", ``, "vcpus=8&ram_gb=16&disk_gb=20&disk_type=local&gpu_model=A100+80GB&gpu_count=3"},
+			{"Windows licence", "d2.4g.local.ipv4", "Windows Server 2022", `, "os_type": "windows"`,
+				"vcpus=2&ram_gb=4&disk_gb=40&disk_type=local&ipv4=yes"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				f.t = t
 				want := f.quote(`{"flavor": "` + tc.flavor + `"` + tc.quote + `}`)
+				if got := panel.hourly(t, tc.form+"&image="+url.QueryEscape(tc.image)); got != want {
+					t.Errorf("the configurator shows %d an hour for %s; the quote is %d", got, tc.form, want)
+				}
 				id := f.create("/servers", `{"server": {"name": "fh", "flavorRef": "`+tc.flavor+`", "imageRef": "`+
 					image.CatalogID(tc.image)+`", "networks": [{"uuid": "`+netID+`"}]}}`, "server")
 				f.waitFor(c.ComputeURL+"/servers/"+id, "server", "ACTIVE")
@@ -292,4 +303,55 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// configurator is a visitor of the panel's configurator.
+type configurator struct {
+	hc   *http.Client
+	base string
+	csrf string
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+func newConfigurator(t *testing.T, c *cloud.Cloud) *configurator {
+	hc := testenv.HTTPClient(t, c)
+	hc.Jar, _ = cookiejar.New(nil)
+	p := &configurator{hc: hc, base: c.PanelURL}
+	resp, err := hc.Get(p.base + "/configure")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := csrfField.FindSubmatch(body)
+	if resp.StatusCode != 200 || m == nil {
+		t.Fatalf("GET /configure: %d", resp.StatusCode)
+	}
+	p.csrf = string(m[1])
+	return p
+}
+
+// hourly is the price per hour the configurator shows for the choice in
+// form (a query string), for one server.
+func (p *configurator) hourly(t *testing.T, form string) int64 {
+	t.Helper()
+	v, err := url.ParseQuery(form + "&quantity=1&tariff=hourly&name=fh&key_mode=generate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.Set("csrf", p.csrf)
+	resp, err := p.hc.PostForm(p.base+"/configure/quote", v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var a struct {
+		HourlyMinor int64    `json:"hourly_minor"`
+		Problems    []string `json:"problems"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&a); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("configurator quote %s: %d %v", form, resp.StatusCode, err)
+	}
+	return a.HourlyMinor
 }
