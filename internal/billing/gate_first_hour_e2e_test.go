@@ -95,6 +95,10 @@ func TestGateFirstHour(t *testing.T) {
 		if q := quote(`{"quote": {"flavor": "` + small + `"}}`); !q.Quote.Coverage.Covered {
 			t.Errorf("the first hour paid for is quoted %+v", q.Quote.Coverage)
 		}
+		// ... but not with a volume made beside it, which it does not pay.
+		refused("a server and a volume of its own", "POST", c.ComputeURL+"/servers", server(small, `, "block_device_mapping_v2": [
+			{"boot_index": 0, "source_type": "image", "destination_type": "local", "uuid": "`+image+`"},
+			{"boot_index": -1, "source_type": "blank", "destination_type": "volume", "volume_size": 50, "delete_on_termination": true}]`))
 		first := idOf(t, call("POST", c.ComputeURL+"/servers", server(small, ""), 202), "server")
 		waitStatus(t, sc, first, "ACTIVE")
 		refused("a second server in the same hour", "POST", c.ComputeURL+"/servers", server(small, ""))

@@ -341,8 +341,10 @@ func ChoiceOf(kind string, sp metering.Spec) Choice {
 	case metering.KindImage:
 		return Choice{ImageGB: sp.SizeGB, Quantity: 1}
 	}
+	// A server's SizeGB is never metered; the gate is asked about a create
+	// with the volumes it makes beside the server.
 	return Choice{VCPUs: sp.VCPUs, RAMMB: sp.RAMMB, DiskType: sp.DiskType, DiskGB: sp.DiskGB, GPUModel: sp.GPUModel,
-		GPUCount: sp.GPUCount, PublicIPv4: sp.PublicIPv4, OSType: sp.OSType, Quantity: 1}
+		GPUCount: sp.GPUCount, PublicIPv4: sp.PublicIPv4, OSType: sp.OSType, VolumeGB: sp.SizeGB, Quantity: 1}
 }
 
 // HourlyOf is a metered resource's price for one hour. When the price list

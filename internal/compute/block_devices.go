@@ -344,6 +344,19 @@ func (req *createReq) bootVolumeReq() *bdmReq {
 }
 
 // volumeBDMs are the create's mappings to volumes.
+// newVolumesGB is what the volumes a create makes for each server (from an
+// image, a snapshot or blank) are asked to hold; a size left to the
+// source counts nothing here.
+func (req *createReq) newVolumesGB() int64 {
+	var gb int64
+	for _, b := range req.volumeBDMs() {
+		if b.Source != "volume" {
+			gb += b.VolumeSize
+		}
+	}
+	return gb
+}
+
 func (req *createReq) volumeBDMs() []bdmReq {
 	var out []bdmReq
 	for _, b := range req.BDMs {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"nimbus/internal/api"
+	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
 
@@ -27,8 +28,23 @@ func (s *Service) volumeBackedImage(r *http.Request, name string, meta map[strin
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkSpend(ctx, pre.ProjectID); err != nil {
-		return nil, err
+	// A snapshot of each attached volume starts its charge: the funds must
+	// pay their first hour.
+	var gb int64
+	for _, bd := range pre.Doc.BlockDevices {
+		if bd.AttachmentID == "" {
+			continue
+		}
+		v, err := s.volumes.VolumeForServer(ctx, s.db, c, bd.VolumeID)
+		if err != nil {
+			return nil, err
+		}
+		gb += v.SizeGB
+	}
+	if s.gate != nil {
+		if _, err := s.gate.Cover(ctx, pre.ProjectID, metering.KindSnapshot, metering.Spec{SizeGB: gb}, 1, 1); err != nil {
+			return nil, err
+		}
 	}
 	baseRef := pre.ImageRef
 	if baseRef == "" {

@@ -467,7 +467,10 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	}
 	// And no more than the project's money pays the first hour of: the
 	// service is prepaid.
-	if req.MaxCount, err = s.fundsRoom(ctx, c.ProjectID, serverSpec(snap, osType, bootVolume), req.MinCount, req.MaxCount); err != nil {
+	// The volumes it makes for each start their charge with it.
+	spec := serverSpec(snap, osType, bootVolume)
+	spec.SizeGB = req.newVolumesGB()
+	if req.MaxCount, err = s.fundsRoom(ctx, c.ProjectID, spec, req.MinCount, req.MaxCount); err != nil {
 		return nil, err
 	}
 	j, err := s.newPlaceJob(ctx, placeRequest{zone: req.AZ, host: req.Host, group: req.Hints.Group,

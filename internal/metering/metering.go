@@ -62,7 +62,10 @@ type Spec struct {
 	GPUCount   int64  `json:"gpu_count,omitempty"`
 	PublicIPv4 bool   `json:"public_ipv4,omitempty"`
 	OSType     string `json:"os_type,omitempty"`
-	SizeGB     int64  `json:"size_gb,omitempty"` // volumes, backups and images
+	// SizeGB is the size of a volume, snapshot, backup or image. A
+	// server's periods never carry it; billing's gate is asked about a
+	// server create with the volumes it makes for the server there.
+	SizeGB int64 `json:"size_gb,omitempty"`
 	// Name is the resource's name (an address's address), for the ledger:
 	// kept in a column of its own, so a rename opens no period and specs
 	// of one flavor still share their text.
