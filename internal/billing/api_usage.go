@@ -29,10 +29,13 @@ type ResourceUsage struct {
 	ResourceID string `json:"resource_id"`
 	Kind       string `json:"kind"` // server, public_ipv4, volume, backup
 	Name       string `json:"name"` // the flavor, for servers
-	Hours      int    `json:"hours"`
-	Hourly     int64  `json:"hourly_amount"` // pay-as-you-go charges, minor units
-	Terms      int64  `json:"term_amount"`   // prepaid terms that started in the month
-	Amount     int64  `json:"amount"`        // both
+	// ResourceName is the resource's own name (an address for an
+	// address) as its latest charge of the month recorded it.
+	ResourceName string `json:"resource_name"`
+	Hours        int    `json:"hours"`
+	Hourly       int64  `json:"hourly_amount"` // pay-as-you-go charges, minor units
+	Terms        int64  `json:"term_amount"`   // prepaid terms that started in the month
+	Amount       int64  `json:"amount"`        // both
 }
 
 // Usage sums project's charges whose period starts in the month of
@@ -40,8 +43,8 @@ type ResourceUsage struct {
 // what was charged.
 func (s *Service) Usage(ctx context.Context, project string, monthStart time.Time) ([]ResourceUsage, error) {
 	end := monthStart.AddDate(0, 1, 0)
-	rows, err := s.db.Query(ctx, `SELECT resource_id, reference, amount FROM billing_ledger
- WHERE project_id = ? AND kind = ? AND period_start >= ? AND period_start < ?`,
+	rows, err := s.db.Query(ctx, `SELECT resource_id, reference, amount, resource_name FROM billing_ledger
+ WHERE project_id = ? AND kind = ? AND period_start >= ? AND period_start < ? ORDER BY period_start`,
 		project, KindCharge, store.FormatTime(monthStart), store.FormatTime(end))
 	if err != nil {
 		return nil, err
@@ -49,15 +52,18 @@ func (s *Service) Usage(ctx context.Context, project string, monthStart time.Tim
 	defer rows.Close()
 	by := map[string]*ResourceUsage{}
 	for rows.Next() {
-		var id, ref string
+		var id, ref, name string
 		var amount int64
-		if err := rows.Scan(&id, &ref, &amount); err != nil {
+		if err := rows.Scan(&id, &ref, &amount, &name); err != nil {
 			return nil, err
 		}
 		u := by[id]
 		if u == nil {
 			u = &ResourceUsage{ResourceID: id}
 			by[id] = u
+		}
+		if name != "" {
+			u.ResourceName = name
 		}
 		hour, isHour := strings.CutPrefix(ref, "hour:")
 		resize, isResize := strings.CutPrefix(ref, "resize:")

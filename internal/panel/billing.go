@@ -43,6 +43,9 @@ type (
 		PeriodStart *string   `json:"period_start"`
 		CreatedAt   time.Time `json:"created_at"`
 		Reference   string    `json:"reference"`
+		// ResourceName is what a charge was for, by name (an address
+		// for an address), as it was charged.
+		ResourceName string `json:"resource_name"`
 	}
 	ledgerPage struct {
 		Ledger []ledgerEntry `json:"ledger"`
@@ -51,13 +54,14 @@ type (
 		} `json:"ledger_links"`
 	}
 	resourceUsage struct {
-		ResourceID string `json:"resource_id"`
-		Kind       string `json:"kind"`
-		Name       string `json:"name"`
-		Hours      int    `json:"hours"`
-		Hourly     int64  `json:"hourly_amount"`
-		Terms      int64  `json:"term_amount"`
-		Amount     int64  `json:"amount"`
+		ResourceID   string `json:"resource_id"`
+		Kind         string `json:"kind"`
+		Name         string `json:"name"`
+		ResourceName string `json:"resource_name"`
+		Hours        int    `json:"hours"`
+		Hourly       int64  `json:"hourly_amount"`
+		Terms        int64  `json:"term_amount"`
+		Amount       int64  `json:"amount"`
 		// Label is the server's name, when it still exists; PerHour is
 		// the rate its hourly charges came to (perHour).
 		Label, PerHour string `json:"-"`
@@ -95,21 +99,56 @@ func (e ledgerEntry) KindText() string {
 }
 
 // KindText names a resource's kind (translated by the page).
-func (u resourceUsage) KindText() string {
-	switch u.Kind {
+func (u resourceUsage) KindText() string { return resourceKindText(u.Kind) }
+
+// resourceKindText names a metered kind (translated by the page).
+func resourceKindText(kind string) string {
+	switch kind {
 	case "server":
 		return "Server"
 	case "public_ipv4":
 		return "Public IPv4 address"
 	case "volume":
 		return "Volume"
+	case "volume_snapshot":
+		return "Volume snapshot"
 	case "backup":
 		return "Backup"
 	case "image":
 		return "Image"
 	}
-	return u.Kind
+	return kind
 }
+
+// Charged says, for a charge, what it was for (its kind of resource,
+// translated by the page) and how: an hour, the rest of a dearer hour
+// after a resize, or a prepaid term; nil for other entries.
+func (e ledgerEntry) Charged() *chargeText {
+	if e.Kind != "charge" || e.ResourceID == nil {
+		return nil
+	}
+	c := &chargeText{}
+	c.ID, c.Name = *e.ResourceID, e.ResourceName
+	if e.PeriodStart != nil {
+		c.Hour = stamp(*e.PeriodStart)
+	}
+	how, rest, _ := strings.Cut(e.Reference, ":")
+	kind, _, _ := strings.Cut(rest, ":")
+	switch how {
+	case "hour":
+		c.What, c.How = resourceKindText(kind), "the hour from %s"
+	case "resize":
+		c.What, c.How = resourceKindText(kind), "the rest of the hour from %s, resized"
+	case "term":
+		c.What, c.How = resourceKindText("server"), "a prepaid term from %s"
+	default:
+		c.What, c.How = e.Reference, "%s"
+	}
+	return c
+}
+
+// chargeText is a charge's line in the ledger.
+type chargeText struct{ What, Name, ID, How, Hour string }
 
 // perHour is the rate a resource's hourly charges came to in the month:
 // their sum over its hours, exact in billing's rate units, marked "≈"

@@ -473,3 +473,45 @@ func TestBillingTerms(t *testing.T) {
 		t.Fatalf("an unknown term: the message is %q", got)
 	}
 }
+
+// TestBillingChargeLines: each charge in the ledger says what it was for —
+// the kind of resource, its name and id, and the hour — and the usage
+// table names a resource that is gone by the name it was charged under.
+func TestBillingChargeLines(t *testing.T) {
+	c := startCloud(t)
+	ctx := context.Background()
+	pc := testenv.Provider(t, c, cloud.DemoUser)
+	hc := testenv.HTTPClient(t, c)
+	tok := testenv.Token(t, c, cloud.DemoUser)
+	resp, raw := testenv.Do(t, hc, "POST", c.ComputeURL+"/servers", tok, `{"server": {"name": "ledger-web", "imageRef": "`+
+		imageID(t, c, pc, "Debian 12")+`", "flavorRef": "d1.2g.local", "networks": "none"}}`, "OpenStack-API-Version", "compute 2.79")
+	testenv.MustStatus(t, resp, raw, http.StatusAccepted)
+	var created struct{ Server struct{ ID string } }
+	json.Unmarshal([]byte(raw), &created)
+	id := created.Server.ID
+	testenv.Eventually(t, 30*time.Second, "server placed", func() bool {
+		resp, raw := testenv.Do(t, hc, "GET", c.ComputeURL+"/servers/"+id, tok, "")
+		return resp.StatusCode == http.StatusOK && strings.Contains(raw, `"ACTIVE"`)
+	})
+	if _, err := c.Billing.ChargeUntil(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	w := newWeb(t, c)
+	w.login(demoLogin(c))
+	_, _, page := w.get("/billing")
+	line := regexp.MustCompile(`Server «ledger-web» <code>` + id + `</code>, the hour from \d`)
+	if !line.MatchString(page) {
+		t.Fatalf("no charge line naming the server in the ledger: %s", snippet(page))
+	}
+	// Gone, it is still named in the month's usage.
+	resp, raw = testenv.Do(t, hc, "DELETE", c.ComputeURL+"/servers/"+id, tok, "")
+	testenv.MustStatus(t, resp, raw, http.StatusNoContent)
+	testenv.Eventually(t, 30*time.Second, "server gone", func() bool {
+		resp, _ := testenv.Do(t, hc, "GET", c.ComputeURL+"/servers/"+id, tok, "")
+		return resp.StatusCode == http.StatusNotFound
+	})
+	_, _, page = w.get("/billing")
+	if !strings.Contains(page, `ledger-web <code>`+id+`</code></th>`) {
+		t.Fatalf("the usage table does not name the deleted server: %s", snippet(page))
+	}
+}
