@@ -120,7 +120,7 @@ func (p *Panel) loginTOTP(q *req) error {
 	if err != nil {
 		return q.redirect("/login", "")
 	}
-	next := safeNext(q.r.PostForm.Get("next"))
+	next := afterSignIn(q.r.PostForm.Get("next"))
 	is, err := p.cfg.Identity.LoginPasscode(q.r.Context(), clientIP(q.r), c.Value, passcode(q))
 	var ae *api.Error
 	var rr *identity.ReceiptRequired
