@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -506,6 +507,8 @@ func TestBridgedNetwork(t *testing.T) {
 		t.Fatalf("roles named member: %+v", rl)
 	}
 	must(t, roles.Assign(ctx, idc, rl[0].ID, roles.AssignOpts{UserID: u.ID, ProjectID: proj.ID}).ExtractErr())
+	// The service is prepaid: the operator credits the new customer.
+	l.credit(proj.ID, 100000)
 
 	a := l.tenant(ctx, guest, l.provider(cloud.DemoUser, labDemoPassword, cloud.DemoProject))
 	b := l.tenant(ctx, guest, l.provider("lab-b", "lab-b-secret", "lab-b"))
@@ -846,4 +849,23 @@ func (l *netlab) leftovers() string {
 		}
 	}
 	return b.String()
+}
+
+// credit credits project with amount minor units as the operator would (a
+// manual top-up through the billing API): the service is prepaid, and a
+// new project starts at zero.
+func (l *netlab) credit(project string, amount int64) {
+	l.t.Helper()
+	body := fmt.Sprintf(`{"topup": {"amount": %d, "reference": "lab"}}`, amount)
+	req, err := http.NewRequest("POST", "https://"+labCtlIP+":8889/v1/accounts/"+project+"/topups", strings.NewReader(body))
+	must(l.t, err)
+	req.Header.Set("X-Auth-Token", l.admin.Token())
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := l.httpCli.Do(req)
+	must(l.t, err)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		b, _ := io.ReadAll(resp.Body)
+		l.t.Fatalf("credit %s: %d %s", project, resp.StatusCode, b)
+	}
 }
