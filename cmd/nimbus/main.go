@@ -8,11 +8,9 @@ package main
 
 import (
 	"fmt"
+	"nimbus/internal/version"
 	"os"
 )
-
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -30,7 +28,7 @@ func main() {
 	case "admin":
 		err = admin(os.Args[2:])
 	case "version", "--version":
-		fmt.Println("nimbus", version)
+		fmt.Println("nimbus", version.Get().Long())
 	case "help", "-h", "--help":
 		usage()
 	default:

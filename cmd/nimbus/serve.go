@@ -23,6 +23,7 @@ import (
 	"nimbus/internal/network"
 	"nimbus/internal/panel"
 	"nimbus/internal/scheduler"
+	"nimbus/internal/version"
 )
 
 func defaultDataDir() string { return dataDirFor("NIMBUS_DATA_DIR", "nimbus") }
@@ -177,6 +178,7 @@ func serve(args []string) error {
 	fs.Int64Var(&cfg.Billing.MaxBalance, "billing-max-balance", 10_000_000_000, "largest balance a credit may bring an account to, in minor units (10000000000 = 100,000,000.00)")
 	fs.BoolVar(&cfg.Billing.TestPayments, "billing-test-payments", false, "offer the simulated payment providers (test, webhook-test), which credit money never paid: demos and tests only")
 	fs.Int64Var(&cfg.DemoCredit, "demo-credit", 100000, "the demo project's welcome credit on first start, in minor units")
+	fs.BoolVar(&cfg.NoDemo, "no-demo", false, "make no demo customer (it is made on the first start only, and not again once deleted)")
 	fs.StringVar(&cfg.Provider.CIDR, "public-cidr", network.DefaultProvider.CIDR, "the provider network's IPv4 CIDR, where floating IPs and routers' gateways live: the public network's subnet follows it")
 	fs.StringVar(&cfg.Provider.Gateway, "public-gateway", network.DefaultProvider.Gateway, "the provider network's own router, the next hop of routers' gateways")
 	fs.Func("public-pool", "a range start-end of --public-cidr given out as public addresses; repeat for more (default: the whole CIDR but the gateway)", func(v string) error {
@@ -232,7 +234,12 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf(`Nimbus is running.
+	panelNote, clouds, try := fmt.Sprintf("the demo customer signs in as %s, password in %s", cloud.DemoUser,
+		filepath.Join(cfg.DataDir, "secrets.json")), "clouds nimbus-admin and nimbus-demo", "nimbus-demo"
+	if !c.HasDemo {
+		panelNote, clouds, try = "no demo customer", "cloud nimbus-admin", "nimbus-admin"
+	}
+	fmt.Printf(`Nimbus %s is running.
   identity  %s
   compute   %s
   image     %s
@@ -241,16 +248,16 @@ func serve(args []string) error {
   billing   %s
   agents    %s
   console   %s
-  panel     %s  (the demo customer signs in as %s, password in %s)
+  panel     %s  (%s)
   driver    %s
   CA file   %s
-  clouds    %s  (clouds nimbus-admin and nimbus-demo)
+  clouds    %s  (%s)
 
 Try:
   export OS_CLIENT_CONFIG_FILE=%s
-  openstack --os-cloud nimbus-demo server list
-`, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.VolumeURL, c.BillingURL, c.AgentURL, c.ConsoleURL,
-		c.PanelURL, cloud.DemoUser, filepath.Join(cfg.DataDir, "secrets.json"), driverLine(c, cfg), c.CACertFile, c.CloudsFile, c.CloudsFile)
+  openstack --os-cloud %s server list
+`, version.String(), c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.VolumeURL, c.BillingURL, c.AgentURL, c.ConsoleURL,
+		c.PanelURL, panelNote, driverLine(c, cfg), c.CACertFile, c.CloudsFile, clouds, c.CloudsFile, try)
 	log.Info("nimbus started", "data_dir", cfg.DataDir, "identity", c.IdentityURL, "clouds_yaml", c.CloudsFile)
 	<-ctx.Done()
 	log.Info("nimbus stopping")

@@ -8,9 +8,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"nimbus/internal/fleet/wire"
@@ -50,7 +53,29 @@ func newClient(base, caFile string) (*client, error) {
 		TLSHandshakeTimeout: 10 * time.Second,
 	}
 	// No overall client timeout: long-polls set their own deadlines.
-	return &client{base: u, http: &http.Client{Transport: tr}}, nil
+	return &client{base: u, http: &http.Client{Transport: &protocolTransport{base: tr}}}, nil
+}
+
+// protocolTransport names the agent protocol this build speaks on every
+// request, and warns once when the controller speaks a newer one: the
+// controllers were upgraded, and this agent should follow before their
+// next release stops serving its protocol.
+type protocolTransport struct {
+	base   http.RoundTripper
+	warned atomic.Bool
+}
+
+func (t *protocolTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(wire.HeaderProtocol, strconv.Itoa(wire.Protocol))
+	resp, err := t.base.RoundTrip(r)
+	if err == nil {
+		if n, perr := strconv.Atoi(resp.Header.Get(wire.HeaderProtocol)); perr == nil && n > wire.Protocol && t.warned.CompareAndSwap(false, true) {
+			slog.Warn("agent: the controller speaks a newer agent protocol: upgrade this agent",
+				"agent_protocol", wire.Protocol, "controller_protocol", n, "controller_min", resp.Header.Get(wire.HeaderMinProtocol))
+		}
+	}
+	return resp, err
 }
 
 // statusError is a response the controller refused.

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"nimbus/internal/identity"
+	"nimbus/internal/store"
 )
 
 // Secrets are the generated credentials of the first accounts, kept in
@@ -50,10 +51,14 @@ func (c *Cloud) bootstrap(ctx context.Context) error {
 	}
 	c.Secrets = sec
 
-	if err := c.Identity.Bootstrap(ctx,
-		identity.Account{User: AdminUser, Password: sec.AdminPassword, Project: AdminProject, Role: "admin"},
-		identity.Account{User: DemoUser, Password: sec.DemoPassword, Project: DemoProject, Role: "member"},
-	); err != nil {
+	accounts := []identity.Account{{User: AdminUser, Password: sec.AdminPassword, Project: AdminProject, Role: "admin"}}
+	if !c.Config.NoDemo {
+		// Made on the first start only: an operator who deletes it is not
+		// given it back.
+		accounts = append(accounts, identity.Account{User: DemoUser, Password: sec.DemoPassword, Project: DemoProject,
+			Role: "member", Once: true})
+	}
+	if err := c.Identity.Bootstrap(ctx, accounts...); err != nil {
 		return fmt.Errorf("cloud: bootstrap identity: %w", err)
 	}
 	if err := c.Images.Bootstrap(ctx); err != nil {
@@ -76,9 +81,13 @@ func (c *Cloud) bootstrap(ctx context.Context) error {
 	}
 	for _, name := range []string{AdminProject, DemoProject} {
 		p, err := c.Identity.ProjectByName(ctx, name)
+		if errors.Is(err, store.ErrNotFound) && name == DemoProject {
+			continue // none, or the operator deleted it
+		}
 		if err != nil {
 			return err
 		}
+		c.HasDemo = c.HasDemo || name == DemoProject
 		var err2 error
 		switch name {
 		case DemoProject:
@@ -113,12 +122,19 @@ func firstNonEmpty(a, b string) string {
 func (c *Cloud) writeClientFiles() error {
 	ca, _ := filepath.Abs(c.CACertFile)
 	var y strings.Builder
+	example := "nimbus-admin"
+	if c.HasDemo {
+		example = "nimbus-demo"
+	}
 	y.WriteString("# Written by nimbus serve. Use with:\n#   OS_CLIENT_CONFIG_FILE=" + c.clientFile("clouds.yaml") +
-		" openstack --os-cloud nimbus-demo server list\nclouds:\n")
-	for _, a := range []struct{ cloud, user, pw, project string }{
-		{"nimbus-admin", AdminUser, c.Secrets.AdminPassword, AdminProject},
-		{"nimbus-demo", DemoUser, c.Secrets.DemoPassword, DemoProject},
-	} {
+		" openstack --os-cloud " + example + " server list\nclouds:\n")
+	accounts := []struct{ cloud, user, pw, project string }{{"nimbus-admin", AdminUser, c.Secrets.AdminPassword, AdminProject}}
+	if c.HasDemo {
+		accounts = append(accounts, struct{ cloud, user, pw, project string }{"nimbus-demo", DemoUser, c.Secrets.DemoPassword, DemoProject})
+	} else if err := os.Remove(c.clientFile(DemoUser + "-openrc.sh")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, a := range accounts {
 		fmt.Fprintf(&y, "  %s:\n    auth:\n      auth_url: %s\n      username: %s\n      password: %q\n      project_name: %s\n"+
 			"      user_domain_name: Default\n      project_domain_name: Default\n    region_name: RegionOne\n"+
 			"    interface: public\n    identity_api_version: 3\n", a.cloud, c.IdentityURL, a.user, a.pw, a.project)

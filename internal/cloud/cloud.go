@@ -99,6 +99,9 @@ type Config struct {
 	// DemoCredit is the demo project's welcome credit in minor units,
 	// given once (0: none).
 	DemoCredit int64
+	// NoDemo makes no demo customer (production); without it the demo
+	// customer is made on the first start, and only then.
+	NoDemo bool
 	// Scheduler is how hosts are chosen; nil spreads and keeps GPU hosts
 	// for GPU flavors.
 	Scheduler *scheduler.Policy
@@ -180,6 +183,9 @@ type Cloud struct {
 	IdentityURL, ComputeURL, ImageURL, NetworkURL, VolumeURL, BillingURL, AgentURL, ConsoleURL, PanelURL string
 	// Files the operator needs.
 	CACertFile, CloudsFile string
+	// HasDemo reports whether the demo customer exists (made on the first
+	// start, unless NoDemo or the operator deleted it).
+	HasDemo bool
 	Secrets                Secrets
 
 	servers     []*http.Server

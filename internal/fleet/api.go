@@ -70,6 +70,12 @@ func (s *Service) Handler() http.Handler {
 				writeError(w, &apiError{http.StatusInternalServerError, wire.CodeInternal, "internal error"})
 			}
 		}()
+		w.Header().Set(wire.HeaderProtocol, strconv.Itoa(wire.Protocol))
+		w.Header().Set(wire.HeaderMinProtocol, strconv.Itoa(wire.MinProtocol))
+		if err := checkProtocol(r.Header.Get(wire.HeaderProtocol)); err != nil {
+			writeError(w, err)
+			return
+		}
 		if strings.HasPrefix(r.URL.Path, wire.PathImages) {
 			agent, ok := s.authorize(w, r)
 			if ok {
@@ -105,6 +111,30 @@ func (s *Service) Handler() http.Handler {
 		}
 		writeJSON(w, status, out)
 	})
+}
+
+// checkProtocol refuses an agent whose protocol this controller does not
+// speak (see wire.Protocol); an agent that names none speaks version 1.
+func checkProtocol(v string) error {
+	p := 1
+	if v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return &apiError{http.StatusBadRequest, wire.CodeBadRequest, wire.HeaderProtocol + " must be a whole number"}
+		}
+		p = n
+	}
+	switch {
+	case p < wire.MinProtocol:
+		return &apiError{http.StatusUpgradeRequired, wire.CodeUpgrade, fmt.Sprintf(
+			"this agent speaks protocol %d and the controller %d to %d: upgrade the agent to the controllers' release", p,
+			wire.MinProtocol, wire.Protocol)}
+	case p > wire.Protocol:
+		return &apiError{http.StatusBadRequest, wire.CodeUpgrade, fmt.Sprintf(
+			"this agent speaks protocol %d and the controller at most %d: upgrade the controllers before the agents", p,
+			wire.Protocol)}
+	}
+	return nil
 }
 
 // authorize checks the request's agent credential and names its agent;

@@ -105,8 +105,12 @@ func (s *Service) catalogBody() []map[string]any {
 }
 
 // Account is what Bootstrap makes: one user with a role on one project.
+// Once marks an account made at most once in the cloud's life (the demo
+// customer): an operator who deleted its project or user has it gone for
+// good. The others (the operator's own) are made again when missing.
 type Account struct {
 	User, Password, Project, Role string
+	Once                          bool
 }
 
 // Bootstrap makes the default domain, the admin, member and reader roles and
@@ -137,6 +141,14 @@ func (s *Service) Bootstrap(ctx context.Context, accounts ...Account) error {
 			roles[name] = r.ID
 		}
 		for _, a := range accounts {
+			if a.Once {
+				if made, err := s.seeded(ctx, tx, "account:"+a.User); err != nil || made {
+					if err != nil {
+						return err
+					}
+					continue
+				}
+			}
 			p, err := getProjectByName(ctx, tx, DefaultDomainID, a.Project)
 			if errors.Is(err, store.ErrNotFound) {
 				p = &Project{ID: NewID(), Name: a.Project, DomainID: DefaultDomainID, Enabled: true, CreatedAt: s.now(),
@@ -176,6 +188,18 @@ func (s *Service) Bootstrap(ctx context.Context, accounts ...Account) error {
 		}
 		return nil
 	})
+}
+
+// seeded reports whether bootstrap made name once already (or another
+// controller starting at once is making it), recording that it makes it
+// now when not.
+func (s *Service) seeded(ctx context.Context, tx *store.Tx, name string) (bool, error) {
+	res, err := tx.Exec(ctx, "INSERT INTO identity_seeded (name) VALUES (?) ON CONFLICT (name) DO NOTHING", name)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 0, err
 }
 
 // ProjectByName finds a project in the default domain; used by other

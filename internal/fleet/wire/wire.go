@@ -32,6 +32,21 @@ const (
 // HeaderDiskFormat carries an image's disk format with its data.
 const HeaderDiskFormat = "X-Image-Disk-Format"
 
+// The protocol's version. An agent names the version it speaks on every
+// request (HeaderProtocol; an agent that names none speaks version 1,
+// which it was before versions were named). A controller serves agents
+// from MinProtocol to Protocol and names both on every answer, so that
+// one release's controllers serve the previous release's agents: an
+// operator upgrades the controllers first, then the agents. An agent too
+// old is refused with 426 and CodeUpgrade; one newer than its controller
+// with 400 and CodeUpgrade too (upgrade the controllers first).
+const (
+	Protocol          = 1
+	MinProtocol       = 1
+	HeaderProtocol    = "Nimbus-Agent-Protocol"
+	HeaderMinProtocol = "Nimbus-Agent-Protocol-Min"
+)
+
 // Op kinds: one per per-server driver call.
 const (
 	KindSpawn    = "spawn"
@@ -67,6 +82,7 @@ const (
 
 // Error codes, in error bodies and in op results.
 const (
+	CodeUpgrade      = "upgrade_required" // the agent's and controller's protocols do not meet
 	CodeBadRequest   = "bad_request"
 	CodeUnauthorized = "unauthorized"
 	CodeNotFound     = "not_found" // an API object, or (in a result) driver.ErrNotFound
