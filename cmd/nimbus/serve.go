@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -99,6 +100,8 @@ func checkServeFlags(cfg *cloud.Config) error {
 		{b.MaxBalance < 1 || b.MaxBalance > billing.MaxAmount, "--billing-max-balance", upTo(1, maxAmount)},
 		{b.DefaultCreditLimit < 0 || b.DefaultCreditLimit > billing.MaxAmount, "--billing-credit-limit", upTo(0, maxAmount)},
 		{cfg.DemoCredit < 0 || cfg.DemoCredit > b.MaxBalance, "--demo-credit", upTo(0, "--billing-max-balance")},
+		{cfg.MetricsListen != "" && !loopback(cfg.MetricsListen) && cfg.MetricsToken == "", "--metrics-token",
+			"is required when --metrics-listen is not a loopback address: metrics name every project's spend"},
 	}
 	for _, r := range rules {
 		if r.bad {
@@ -109,6 +112,19 @@ func checkServeFlags(cfg *cloud.Config) error {
 		return fmt.Errorf("--public-cidr, --public-gateway, --public-pool: %w", err)
 	}
 	return nil
+}
+
+// loopback reports whether a listen address (host:port) is on loopback.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func serve(args []string) error {
@@ -178,6 +194,8 @@ func serve(args []string) error {
 	fs.Int64Var(&cfg.Billing.MaxBalance, "billing-max-balance", 10_000_000_000, "largest balance a credit may bring an account to, in minor units (10000000000 = 100,000,000.00)")
 	fs.BoolVar(&cfg.Billing.TestPayments, "billing-test-payments", false, "offer the simulated payment providers (test, webhook-test), which credit money never paid: demos and tests only")
 	fs.Int64Var(&cfg.DemoCredit, "demo-credit", 100000, "the demo project's welcome credit on first start, in minor units")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "address of the Prometheus metrics listener, e.g. 127.0.0.1:9180 (plain HTTP: /metrics, /healthz); empty for none. The customers' ports never serve metrics")
+	fs.StringVar(&cfg.MetricsToken, "metrics-token", os.Getenv("NIMBUS_METRICS_TOKEN"), "bearer token a metrics scrape must send (env NIMBUS_METRICS_TOKEN); needed when --metrics-listen is not on loopback")
 	fs.BoolVar(&cfg.NoDemo, "no-demo", false, "make no demo customer (it is made on the first start only, and not again once deleted)")
 	fs.StringVar(&cfg.Provider.CIDR, "public-cidr", network.DefaultProvider.CIDR, "the provider network's IPv4 CIDR, where floating IPs and routers' gateways live: the public network's subnet follows it")
 	fs.StringVar(&cfg.Provider.Gateway, "public-gateway", network.DefaultProvider.Gateway, "the provider network's own router, the next hop of routers' gateways")

@@ -48,6 +48,11 @@ func TestCheckServeFlags(t *testing.T) {
 		{"--billing-max-balance", func(c *cloud.Config) { c.Billing.MaxBalance = billing.MaxAmount + 1 }},
 		{"--billing-credit-limit", func(c *cloud.Config) { c.Billing.DefaultCreditLimit = -1 }},
 		{"--demo-credit", func(c *cloud.Config) { c.DemoCredit = c.Billing.MaxBalance + 1 }},
+		{"--metrics-token", func(c *cloud.Config) { c.MetricsListen = "0.0.0.0:9180" }},
+		{"--metrics-token", func(c *cloud.Config) { c.MetricsListen = "192.0.2.10:9180" }},
+		{"", func(c *cloud.Config) { c.MetricsListen = "127.0.0.1:9180" }},
+		{"", func(c *cloud.Config) { c.MetricsListen = "[::1]:9180" }},
+		{"", func(c *cloud.Config) { c.MetricsListen, c.MetricsToken = "0.0.0.0:9180", "t" }},
 		{"", func(c *cloud.Config) { c.Provider = network.Provider{CIDR: "198.51.100.0/24", Gateway: "198.51.100.1"} }},
 		{"--public-cidr,", func(c *cloud.Config) { c.Provider = network.Provider{CIDR: "198.51.100.0/24", Gateway: "192.0.2.1"} }},
 	}

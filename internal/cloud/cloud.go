@@ -9,6 +9,7 @@ package cloud
 
 import (
 	"context"
+	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -102,6 +103,11 @@ type Config struct {
 	// NoDemo makes no demo customer (production); without it the demo
 	// customer is made on the first start, and only then.
 	NoDemo bool
+	// MetricsListen is the address of the Prometheus listener (plain
+	// HTTP, /metrics and /healthz); "" serves no metrics. The customers'
+	// ports never serve them. MetricsToken, when set, is the bearer token
+	// a scrape must send.
+	MetricsListen, MetricsToken string
 	// Scheduler is how hosts are chosen; nil spreads and keeps GPU hosts
 	// for GPU flavors.
 	Scheduler *scheduler.Policy
@@ -183,10 +189,12 @@ type Cloud struct {
 	IdentityURL, ComputeURL, ImageURL, NetworkURL, VolumeURL, BillingURL, AgentURL, ConsoleURL, PanelURL string
 	// Files the operator needs.
 	CACertFile, CloudsFile string
+	// MetricsURL is the metrics listener's /metrics ("" without one).
+	MetricsURL string
 	// HasDemo reports whether the demo customer exists (made on the first
 	// start, unless NoDemo or the operator deleted it).
 	HasDemo bool
-	Secrets                Secrets
+	Secrets Secrets
 
 	servers     []*http.Server
 	cancel      context.CancelFunc
@@ -270,6 +278,15 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.BillingURL = url("billing", "")
 	c.ConsoleURL = url("console", "")
 	c.PanelURL = url("panel", "")
+	if cfg.MetricsListen != "" {
+		ln, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			closeAll(lns)
+			return nil, fmt.Errorf("cloud: metrics listener: %w", err)
+		}
+		lns["metrics"] = ln
+		c.MetricsURL = "http://" + ln.Addr().String() + "/metrics"
+	}
 	agentPort := strconv.Itoa(lns["agent"].Addr().(*net.TCPAddr).Port)
 	c.AgentURL = "https://" + net.JoinHostPort(cfg.PublicHost, agentPort)
 
@@ -349,7 +366,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 
 	// The agent API comes first: the local agent registers the hosts that
 	// bootstrapping compute then gives services.
-	c.serve("agent", lns["agent"], withOps(c.Fleet.Handler(), opsHandler(c)), agentTLS)
+	c.serve("agent", lns["agent"], withHealth(c.Fleet.Handler(), c), agentTLS)
 	delete(lns, "agent")
 	c.wg.Add(1)
 	go func() { defer c.wg.Done(); c.Fleet.Run(runCtx) }()
@@ -391,9 +408,12 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	// Keystone itself names its versioned URL in WWW-Authenticate; the other
 	// services' keystonemiddleware names the root (wire captures 08, 09, 40).
 	handlers["identity"].(*api.Service).AuthURL = c.IdentityURL
-	ops := opsHandler(c)
+	if ln, ok := lns["metrics"]; ok {
+		c.serve("metrics", ln, metricsHandler(c), nil)
+		delete(lns, "metrics")
+	}
 	for name, ln := range lns {
-		c.serve(name, ln, withOps(handlers[name], ops), tlsCfg)
+		c.serve(name, ln, withHealth(handlers[name], c), tlsCfg)
 	}
 	c.wg.Add(4)
 	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
@@ -582,38 +602,54 @@ func newDriver(cfg Config) (driver.Driver, error) {
 	return nil, fmt.Errorf("cloud: unknown driver %q (this build has: fake, qemu)", cfg.Driver)
 }
 
-// withOps serves the health and metrics endpoints on every listener. The
-// metrics are the process-wide ones (requests, latencies, Go runtime) plus
-// this cloud's own collectors, kept in a registry of its own so that tests
-// can run several clouds in one process.
-func withOps(h, ops http.Handler) http.Handler {
+// withHealth serves /healthz on every listener, for load balancers; the
+// metrics are on their own listener only (metricsHandler), never on a
+// customer's port.
+func withHealth(h http.Handler, c *Cloud) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || r.URL.Path == "/metrics" {
-			ops.ServeHTTP(w, r)
+		if r.URL.Path == "/healthz" {
+			c.health(w, r)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
 }
 
-func opsHandler(c *Cloud) http.Handler {
+// health answers whether this controller reaches its database.
+func (c *Cloud) health(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	var one int
+	if err := c.DB.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+		api.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "database": err.Error()})
+		return
+	}
+	api.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// metricsHandler serves the metrics listener: /metrics, behind
+// MetricsToken when one is set, and /healthz. The metrics are the
+// process-wide ones (requests, latencies, Go runtime) plus this cloud's
+// own collectors, kept in a registry of its own so that tests can run
+// several clouds in one process.
+func metricsHandler(c *Cloud) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c.Compute.Collector())
 	metrics := promhttp.HandlerFor(prometheus.Gatherers{prometheus.DefaultGatherer, reg}, promhttp.HandlerOpts{})
+	want := []byte("Bearer " + c.Config.MetricsToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/healthz":
-			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-			defer cancel()
-			var one int
-			if err := c.DB.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
-				api.WriteJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "database": err.Error()})
+			c.health(w, r)
+		case "/metrics":
+			if c.Config.MetricsToken != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="nimbus-metrics"`)
+				http.Error(w, "a bearer token is required", http.StatusUnauthorized)
 				return
 			}
-			api.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-			return
-		case "/metrics":
 			metrics.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
 		}
 	})
 }

@@ -83,7 +83,7 @@ func TestFirstStartAndRestart(t *testing.T) {
 
 // TestHealthAndMetrics checks the operator endpoints every listener serves.
 func TestHealthAndMetrics(t *testing.T) {
-	c := testenv.StartCloud(t, "")
+	c := testenv.StartCloud(t, "", func(cfg *cloud.Config) { cfg.MetricsListen, cfg.MetricsToken = "127.0.0.1:0", "scrape-me" })
 	client := testenv.HTTPClient(t, c)
 	resp, body := testenv.Do(t, client, "GET", strings.TrimSuffix(c.ComputeURL, "/v2.1")+"/healthz", "", "")
 	testenv.MustStatus(t, resp, body, http.StatusOK)
@@ -101,7 +101,19 @@ func TestHealthAndMetrics(t *testing.T) {
 		`{"server":{"name":"m","imageRef":"`+images.Images[0].ID+`","flavorRef":"2"}}`)
 	testenv.MustStatus(t, resp, body, http.StatusAccepted)
 
-	resp, body = testenv.Do(t, client, "GET", c.NetworkURL+"/metrics", "", "")
+	// The customers' ports serve no metrics; the metrics listener does,
+	// to the token only.
+	for _, u := range []string{c.NetworkURL, strings.TrimSuffix(c.ComputeURL, "/v2.1"), c.PanelURL, c.BillingURL} {
+		resp, body = testenv.Do(t, client, "GET", u+"/metrics", "", "")
+		if resp.StatusCode == http.StatusOK || strings.Contains(body, "nimbus_http_requests_total") {
+			t.Errorf("%s/metrics answered %d", u, resp.StatusCode)
+		}
+	}
+	resp, body = testenv.Do(t, client, "GET", c.MetricsURL, "", "")
+	testenv.MustStatus(t, resp, body, http.StatusUnauthorized)
+	resp, body = testenv.Do(t, client, "GET", c.MetricsURL, "", "", "Authorization", "Bearer wrong")
+	testenv.MustStatus(t, resp, body, http.StatusUnauthorized)
+	resp, body = testenv.Do(t, client, "GET", c.MetricsURL, "", "", "Authorization", "Bearer scrape-me")
 	testenv.MustStatus(t, resp, body, http.StatusOK)
 	for _, want := range []string{`nimbus_http_requests_total{code="202",method="POST",service="compute"}`,
 		`nimbus_http_request_duration_seconds_bucket`, `nimbus_servers{status=`} {
