@@ -335,6 +335,11 @@ func (p *Panel) memberProblems(q *req, c choice, quote *billing.Quote) []string 
 		over("maxTotalInstances", "totalInstancesUsed", c.Quantity, "servers")
 		over("maxTotalCores", "totalCoresUsed", c.Quantity*c.VCPUs, "vCPUs")
 		over("maxTotalRAMSize", "totalRAMUsed", c.Quantity*c.RAMGB*1024, "MB of RAM")
+		if len(out) > 0 {
+			// Quotas are Nova's defaults until the operator raises them:
+			// say how to ask.
+			out = append(out, q.T("Your quota can be raised: ask on the Support page, saying what you want to run."))
+		}
 	}
 	// Money: billing's own rule, the one the API applies to the order
 	// (its coverage of the quote), shown in the panel's words.

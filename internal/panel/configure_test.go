@@ -85,11 +85,11 @@ func TestConfigurePrices(t *testing.T) {
 		{"GPUs, three", choiceForm("gpu_model", "L4", "gpu_count", "2", "quantity", "3", "vcpus", "8", "ram_gb", "32"),
 			`{"quote":{"vcpus":8,"ram_gb":32,"disk_type":"local","disk_gb":40,"gpu_model":"L4","gpu_count":2,"public_ipv4":true,"quantity":3,"tariff":"hourly"}}`,
 			[]string{"Only 1 of 3 fit right now: then no host has 2 free L4 GPUs."},
-			[]string{"Over quota: 24 vCPUs wanted, 0 of 20 in use.", "Over quota: 98304 MB of RAM wanted, 0 of 51200 in use."}},
+			[]string{"Over quota: 24 vCPUs wanted, 0 of 20 in use.", "Over quota: 98304 MB of RAM wanted, 0 of 51200 in use.", raiseQuota}},
 		{"windows prepaid", choiceForm("image", "Windows Server 2022", "tariff", "prepaid", "term_months", "3", "disk_type", "network"),
 			`{"quote":{"vcpus":2,"ram_gb":4,"disk_type":"network","disk_gb":40,"public_ipv4":true,"os_type":"windows","quantity":1,"tariff":"prepaid","term_months":3}}`, nil, nil},
 		{"more vCPUs than any host", choiceForm("vcpus", "500"), `{"quote":{"vcpus":500,"ram_gb":4,"disk_type":"local","disk_gb":40,"public_ipv4":true,"quantity":1}}`,
-			[]string{"Invalid vCPU count 500: it must be 1 to 96."}, []string{"Over quota: 500 vCPUs wanted, 0 of 20 in use."}},
+			[]string{"Invalid vCPU count 500: it must be 1 to 96."}, []string{"Over quota: 500 vCPUs wanted, 0 of 20 in use.", raiseQuota}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -237,3 +237,6 @@ func waitText(b *browser, sel, want string) {
 	}
 	b.t.Fatalf("%s says %q, want %q", sel, got, want)
 }
+
+// raiseQuota is what the configurator adds to a quota problem.
+const raiseQuota = "Your quota can be raised: ask on the Support page, saying what you want to run."
