@@ -11,6 +11,8 @@
 #   NIMBUS_IT_KEEP=1 ...               # keep the work directory for debugging
 #   NIMBUS_IT_BIN=/path/to/nimbus ...  # use a prebuilt binary instead of go build
 #   NIMBUS_IT_VALIDATION=0 ...         # skip the second pass (validation.sh; default: as NIMBUS_IT_TEMPEST)
+#   NIMBUS_IT_INTEROP=0 ...            # skip the interop 2020.06 pass (certification's configuration)
+#   NIMBUS_IT_CURATED=0 ...            # skip the pass of our own list (tempest-tests.txt)
 #
 # Exit status is non-zero on any failure; the last line is
 # "integration: N passed, M failed".
@@ -52,12 +54,7 @@ cleanup() {
 		kill -TERM -- "-$VALIDATION_PID" 2>/dev/null || true
 		wait "$VALIDATION_PID" 2>/dev/null || true
 	fi
-	if [[ -n "$NIMBUS_PID" ]] && kill -0 "$NIMBUS_PID" 2>/dev/null; then
-		kill "$NIMBUS_PID" 2>/dev/null || true
-		for _ in $(seq 50); do kill -0 "$NIMBUS_PID" 2>/dev/null || break; sleep 0.1; done
-		kill -9 "$NIMBUS_PID" 2>/dev/null || true
-		wait "$NIMBUS_PID" 2>/dev/null || true
-	fi
+	stop_nimbus
 	if [[ $rc -ne 0 || $FAILED -ne 0 ]]; then
 		log_tail
 	fi
@@ -191,6 +188,17 @@ if [[ "${NIMBUS_IT_VALIDATION:-$RUN_TEMPEST}" == 1 ]]; then
 	setsid "$HERE/validation.sh" "$WORK/nimbus" >"$WORK/validation.out" 2>&1 &
 	VALIDATION_PID=$!
 fi
+
+# stop_nimbus stops the nimbus this run started, if it runs.
+stop_nimbus() {
+	if [[ -n "$NIMBUS_PID" ]] && kill -0 "$NIMBUS_PID" 2>/dev/null; then
+		kill "$NIMBUS_PID" 2>/dev/null || true
+		for _ in $(seq 50); do kill -0 "$NIMBUS_PID" 2>/dev/null || break; sleep 0.1; done
+		kill -9 "$NIMBUS_PID" 2>/dev/null || true
+		wait "$NIMBUS_PID" 2>/dev/null || true
+	fi
+	NIMBUS_PID=""
+}
 
 free_port() {
 	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
@@ -656,11 +664,13 @@ tempest_conf() {
 	# The extensions nimbus's network API lists, so that Tempest gates its
 	# tests on what is really served.
 	extensions=$(admin extension list --network -f value -c Alias 2>/dev/null | paste -sd, -) || extensions=""
+	[[ "${CERTIFY:-0}" == 1 ]] && extensions=all # a certification run claims every extension
 	# Block storage: the max microversion and the extensions nimbus's
 	# volume API serves, as for the network's.
 	volume_max=$(curl -fsk "https://127.0.0.1:$VO_PORT/v3/" | py 'd["versions"][0]["version"]') || volume_max=3.0
 	volume_extensions=$(curl -fsk -H "X-Auth-Token: $(admin token issue -f value -c id)" "https://127.0.0.1:$VO_PORT/v3/extensions" |
 		py '",".join(e["alias"] for e in d["extensions"])') || volume_extensions=""
+	[[ "${CERTIFY:-0}" == 1 ]] && volume_extensions=all
 	cat >"$conf" <<EOF
 # Written by test/integration/run.sh for a nimbus on these ports; rewritten every run.
 [DEFAULT]
@@ -832,8 +842,12 @@ api_extensions = ${volume_extensions:-all}
 EOF
 }
 
+# run_tempest runs one Tempest pass: its name, the include list (one regex
+# per line) and how many of its tests may be skipped, with the reasons a
+# skip may give (an extended regex; "" allows none).
 run_tempest() {
-	step "Tempest"
+	local name=${1:-Tempest} list=${2:-$TEMPEST_LIST} skips_ok=${3:-0} skip_reason=${4:-}
+	step "$name"
 	mkdir -p "$(dirname "$TEMPEST_DIR")"
 	if [[ ! -f "$TEMPEST_DIR/etc/tempest.conf.sample" && ! -d "$TEMPEST_DIR/etc" ]]; then
 		# The workspace is registered in a file of its own beside it, not in
@@ -844,15 +858,21 @@ run_tempest() {
 	fi
 	mkdir -p "$TEMPEST_DIR/etc" "$TEMPEST_DIR/locks"
 	tempest_conf "$TEMPEST_DIR/etc/tempest.conf" || die "could not write tempest.conf"
-	local selection=(--include-list "$TEMPEST_LIST")
+	local selection=(--include-list "$list")
 	if [[ -n "${NIMBUS_IT_TEMPEST_REGEX:-}" ]]; then
 		selection=(--regex "$NIMBUS_IT_TEMPEST_REGEX")
 	fi
-	local want declared
-	want=$(grep -cvE '^\s*(#|$)' "$TEMPEST_LIST")
-	declared=$(sed -n 's/^# count: *\([0-9]*\).*/\1/p' "$TEMPEST_LIST" | head -n1)
-	eq "tempest-tests.txt header count matches its entries" "grep -c entries $TEMPEST_LIST" "$want" "${declared:-none}" || true
-	echo "  workspace $TEMPEST_DIR; ${NIMBUS_IT_TEMPEST_REGEX:-$want entries from $TEMPEST_LIST}"
+	local want entries declared
+	entries=$(grep -cvE '^\s*(#|$)' "$list")
+	declared=$(sed -n 's/^# count: *\([0-9]*\).*/\1/p' "$list" | head -n1)
+	if [[ -n "$declared" ]]; then
+		eq "$(basename "$list") header count matches its entries" "grep -c entries $list" "$entries" "$declared" || true
+	fi
+	# The test methods the selection names (an idempotent id may name a
+	# method in several classes).
+	(cd "$TEMPEST_DIR" && tempest run --list-tests "${selection[@]}" 2>/dev/null | grep '^tempest\.' | sed 's/\[.*//') >"$WORK/listed.txt" || true
+	want=$(grep -c . "$WORK/listed.txt" || true)
+	echo "  workspace $TEMPEST_DIR; ${NIMBUS_IT_TEMPEST_REGEX:-$want test methods from $entries entries of $list}"
 	local rc=0
 	# Four workers on two cores: the fake driver's steps and Debian's
 	# Tempest's 10 s sleep before every subnet delete are waits, not work
@@ -865,19 +885,57 @@ run_tempest() {
 	local tp tf ts
 	tp=$(grep -cE '\.\.\. ok$' "$WORK/tempest.out" || true)
 	tf=$(grep -cE '\.\.\. FAILED$' "$WORK/tempest.out" || true)
-	ts=$(grep -cE '\.\.\. SKIPPED' "$WORK/tempest.out" || true)
+	# Skipped test methods (a setUpClass skip names its class, not a test).
+	ts=$(grep -E '\.\.\. SKIPPED' "$WORK/tempest.out" | grep -cv 'setUpClass' || true)
 	grep -E '\.\.\. (ok|FAILED|SKIPPED)' "$WORK/tempest.out" | sed 's/^{[0-9]*} /  /' || true
 	PASSED=$((PASSED + tp))
-	echo "  tempest: $tp passed, $tf failed, $ts skipped (exit $rc)"
-	# Every listed test must run and pass: a skip or a missing test fails too.
-	local short=0
-	if [[ -z "${NIMBUS_IT_TEMPEST_REGEX:-}" && $tp -ne $want ]]; then
-		short=1
-		echo "  tempest: $want tests listed but $tp passed (skipped or not found count as failures)" >&2
+	echo "  $name: $tp passed, $tf failed, $ts skipped (exit $rc)"
+	# Every listed test method must run and pass. A method may be left
+	# out only when it, or its class, was skipped for a reason the pass
+	# allows (skip_reason), and no more than skips_ok methods on their own.
+	local short=0 missing
+	if [[ -z "${NIMBUS_IT_TEMPEST_REGEX:-}" ]]; then
+		missing=$(python3 - "$WORK/listed.txt" "$WORK/tempest.out" "$skip_reason" "$skips_ok" <<'PY'
+import re, sys
+listed = [l.strip() for l in open(sys.argv[1]) if l.strip()]
+out = open(sys.argv[2]).read().splitlines()
+allowed = re.compile(sys.argv[3]) if sys.argv[3] else None
+passed, skipped, class_skip = set(), {}, {}
+for l in out:
+    l = re.sub(r'^\{\d+\} ', '', l).strip()
+    m = re.match(r'setUpClass \((\S+)\) \.\.\. SKIPPED: (.*)', l)
+    if m:
+        class_skip[m.group(1)] = m.group(2)
+        continue
+    m = re.match(r'(tempest\.\S+?)(\[\S*\])? \[[\d.]+s\] \.\.\. (ok|SKIPPED: (.*))$', l)
+    if m:
+        if m.group(3) == 'ok':
+            passed.add(m.group(1))
+        else:
+            skipped[m.group(1)] = m.group(4)
+bad, own = [], 0
+for t in listed:
+    if t in passed:
+        continue
+    reason = skipped.get(t)
+    if reason is not None:
+        own += 1
+    else:
+        reason = class_skip.get(t.rsplit('.', 1)[0])
+    if reason is None or not allowed or not allowed.search(reason) or own > int(sys.argv[4]):
+        bad.append('%s (%s)' % (t, reason or 'did not run'))
+print('\n'.join(bad))
+PY
+		)
+		if [[ -n "$missing" ]]; then
+			short=1
+			echo "  $name: listed test methods that did not pass:" >&2
+			printf '%s\n' "$missing" | sed 's/^/    /' | head -n 40 >&2
+		fi
 	fi
 	if [[ $rc -ne 0 || $tf -ne 0 || $tp -eq 0 || $short -ne 0 ]]; then
 		FAILED=$((FAILED + (tf > 0 ? tf : 1)))
-		FAILURES+=("tempest")
+		FAILURES+=("$name")
 		echo "---- tempest output (failures) ----" >&2
 		sed -n '/^===*$/,$p' "$WORK/tempest.out" | head -n 400 >&2
 		tail -n 30 "$WORK/tempest.out" >&2
@@ -885,8 +943,36 @@ run_tempest() {
 	fi
 }
 
+# interop_list writes the include list of the interop guideline's
+# required tests (interop-2020.06.txt), by idempotent id as a
+# certification run selects them, less those the validation pass runs on
+# real VMs (tempest-validation.txt).
+interop_list() {
+	local out=$1
+	{
+		echo "# Written by run.sh from interop-2020.06.txt"
+		grep -vE '^\s*(#|$)' "$HERE/interop-2020.06.txt" | while IFS=$'\t' read -r test _ id; do
+			if grep -qF "$(printf '%s' "$test" | sed 's/\./\\./g')\\[" "$HERE/tempest-validation.txt"; then
+				continue
+			fi
+			printf '%s\n' "$id" | sed 's/^id-/\\[.*id-/; s/$/[],]/'
+		done
+	} >"$out"
+}
+
 if [[ "$RUN_TEMPEST" == 1 ]]; then
-	run_tempest
+	if [[ "${NIMBUS_IT_CURATED:-1}" == 1 ]]; then
+		run_tempest
+	fi
+	if [[ "${NIMBUS_IT_INTEROP:-1}" == 1 && -z "${NIMBUS_IT_TEMPEST_REGEX:-}" ]]; then
+		# The interop guideline's required tests as a certification run
+		# configures Tempest: every extension claimed (api_extensions = all)
+		# and the fake driver at its default 500 ms step.
+		stop_nimbus
+		NIMBUS_IT_FAKE_DELAY=500ms start_nimbus
+		interop_list "$WORK/interop-tests.txt"
+		CERTIFY=1 run_tempest "interop 2020.06" "$WORK/interop-tests.txt" 1 'Xen|xenapi|IPv6 Tests are disabled'
+	fi
 fi
 
 if [[ -n "$VALIDATION_PID" ]]; then
