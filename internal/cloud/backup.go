@@ -277,7 +277,7 @@ func newSink(partial string) (backupSink, error) {
 			s.gz = gzip.NewWriter(f)
 			w = s.gz
 		}
-		s.tw = tar.NewWriter(w)
+		s.out, s.tw = w, tar.NewWriter(w)
 		return s, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(partial), 0o700); err != nil {
@@ -318,11 +318,12 @@ func (s *dirSink) close() error { return syncDir(s.root) }
 func (s *dirSink) abort()       {}
 
 // tarSink writes a tar file (gzip-compressed for .tar.gz and .tgz) whose
-// entries are relative to the data directory. tar keeps no holes: a
-// sparse volume takes its full size (compression shrinks the zeros).
+// entries are relative to the data directory; sparse files keep their
+// holes (backup_sparse.go).
 type tarSink struct {
 	f       *os.File
 	gz      *gzip.Writer
+	out     io.Writer // the stream under tw (f, or gz)
 	tw      *tar.Writer
 	scratch string // the database copy before it goes into the tar
 }
@@ -353,7 +354,18 @@ func (s *tarSink) file(ctx context.Context, rel, src string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: filepath.ToSlash(rel), Mode: 0o600, Size: fi.Size(), ModTime: fi.ModTime()}
+	name := filepath.ToSlash(rel)
+	if allocatedBytes(fi) < fi.Size()-sparseWorthIt && len(name) < 80 {
+		ext, err := dataExtents(f, fi.Size())
+		if err != nil {
+			return 0, err
+		}
+		if err := s.tw.Flush(); err != nil { // at a block boundary: the entry goes in as raw blocks
+			return 0, err
+		}
+		return writeSparse(ctx, s.out, name, f, fi.Size(), ext, fi.ModTime())
+	}
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o600, Size: fi.Size(), ModTime: fi.ModTime()}
 	if err := s.tw.WriteHeader(hdr); err != nil {
 		return 0, err
 	}
