@@ -20,15 +20,16 @@ import (
 )
 
 // fixture is a cloud with billed history: servers A, B, C pinned on
-// fake-host-1, a GPU server G, a deleted server D, an unbound port, a
-// floating IP and an available volume, and six hours of charges.
+// fake-host-1, a GPU server G, a server E in VERIFY_RESIZE (two claims),
+// a deleted server D, an unbound port, a floating IP and an available
+// volume, and six hours of charges.
 type fixture struct {
 	c          *cloud.Cloud
 	hc         *http.Client
 	tok        string
 	project    string // the admin project, which owns everything made here
 	a, b, cc   string // servers on fake-host-1
-	g, d       string // the GPU server; the deleted server
+	g, d, e    string // the GPU server; the deleted server; the resized one
 	port, fip  string
 	vol        string
 	hourStart  time.Time // the current hour when billing was run
@@ -101,6 +102,15 @@ func newFixture(t *testing.T, dbURL string) *fixture {
 	f.cc = f.server(t, "c", "d1.2g.local", "fake-host-1")
 	f.g = f.server(t, "g", "g.l4.x1", "fake-gpu-host-1")
 	f.d = f.server(t, "d", "d1.2g.local.ipv4", "fake-host-4")
+	f.e = f.server(t, "e", "d1.2g.local", "fake-host-4")
+	f.do(t, "POST", c.ComputeURL+"/servers/"+f.e+"/action", `{"resize":{"flavorRef":"d2.4g.local"}}`, 202)
+	testenv.Eventually(t, 20*time.Second, "e VERIFY_RESIZE", func() bool {
+		return f.do(t, "GET", c.ComputeURL+"/servers/"+f.e, "", 200)["server"].(map[string]any)["status"] == "VERIFY_RESIZE"
+	})
+	var claims int
+	if err := c.DB.QueryRow(ctx, "SELECT COUNT(*) FROM compute_claims WHERE server_id IN (?, ?)", f.e, f.e+"/resize-source").Scan(&claims); err != nil || claims != 2 {
+		t.Fatalf("a resizing server holds %d claims (%v), want its new and its old", claims, err)
+	}
 	f.do(t, "DELETE", c.ComputeURL+"/servers/"+f.d, "", 204)
 	testenv.Eventually(t, 20*time.Second, "d deleted", func() bool {
 		resp, _ := testenv.Do(t, f.hc, "GET", c.ComputeURL+"/servers/"+f.d, f.tok, "")
@@ -206,6 +216,9 @@ func TestDoctor(t *testing.T) {
 				f.exec(t, "UPDATE compute_host_capacity SET used = used + 1024 WHERE host = 'fake-host-2' AND node = 0")
 				f.exec(t, "UPDATE compute_host_capacity SET used = used + 10 WHERE host = 'fake-host-2' AND node = -1")
 			}, []string{"claims-of-dead-servers | claim " + ghostServer}},
+			{"a resize's old claim after the resize ended", func(t *testing.T) {
+				f.exec(t, "UPDATE compute_servers SET vm_state = 'active' WHERE id = ?", f.e)
+			}, []string{"claims-of-dead-servers | claim " + f.e + "/resize-source"}},
 			{"a placed server without its claim", func(t *testing.T) {
 				c := f.claim(t, f.b)
 				f.exec(t, "DELETE FROM compute_claim_items WHERE server_id = ?", f.b)
