@@ -397,11 +397,16 @@ func TestAdminBackupDirectory(t *testing.T) {
 	}
 	db.Close()
 
+	leftover := filepath.Join(t.TempDir(), "b.tar")
+	if err := os.WriteFile(leftover+".partial", []byte("the operator's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"backup", dest, "--data-dir", c.Config.DataDir}, "exists already"},
+		{[]string{"backup", leftover, "--data-dir", c.Config.DataDir}, "b.tar.partial exists (a backup that was stopped?)"},
 		{[]string{"backup", filepath.Join(c.Config.DataDir, "b"), "--data-dir", c.Config.DataDir}, "inside the data directory"},
 		{[]string{"backup", filepath.Join(t.TempDir(), "b"), "--data-dir", t.TempDir()}, "no Nimbus database"},
 		{[]string{"backup", "--data-dir", c.Config.DataDir}, "want <directory|file.tar|file.tar.gz>"},
@@ -412,6 +417,9 @@ func TestAdminBackupDirectory(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(c.Config.DataDir, "b")); err == nil {
 		t.Error("a refused backup left something in the data directory")
+	}
+	if b, err := os.ReadFile(leftover + ".partial"); err != nil || string(b) != "the operator's" {
+		t.Errorf("a refused backup touched the file in its way: %q %v", b, err)
 	}
 
 	pg := filepath.Join(t.TempDir(), "pg.tar")

@@ -143,7 +143,11 @@ func Backup(ctx context.Context, opt BackupOptions) (*BackupManifest, error) {
 	}
 
 	partial := dest + ".partial"
-	os.RemoveAll(partial) // a failed backup's leftovers
+	for _, p := range []string{partial, partial + ".db"} {
+		if _, err := os.Lstat(p); err == nil {
+			return nil, fmt.Errorf("backup: %s exists (a backup that was stopped?): remove it first", p)
+		}
+	}
 	sink, err := newSink(partial)
 	if err != nil {
 		return nil, err
