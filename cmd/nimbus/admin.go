@@ -42,6 +42,8 @@ func admin(args []string) error {
 const adminUsage = `Usage: nimbus admin billing <command> [arguments] [flags]
        nimbus admin host <command> [flags]
        nimbus admin image <command> <arguments> [flags]
+       nimbus admin backup <directory|file.tar|file.tar.gz> [flags]
+       nimbus admin doctor [flags]
 
 The operator's commands. Billing and host commands work on the
 controller's database (the same --data-dir or --database-url as nimbus
@@ -85,12 +87,23 @@ Image commands:
                                       packages (cached, reproducible) and import it over the
                                       "Debian 12" placeholder
 
+Operations:
+  backup <dest> [--no-images] [--no-volumes]
+                                      a consistent copy of an SQLite control plane while it
+                                      serves, with the CA and keys, secrets, client files and the
+                                      file stores' images, volumes and backups: a directory that
+                                      is a data directory, or a tar (.tar, .tar.gz, .tgz)
+  doctor [--silent-after 10m] [--settle 5m] [--billing-hours 48] [--max 20]
+                                      check the region's invariants (claims, ledger, hosts, what
+                                      deleted servers left bound), read-only; print what is wrong
+                                      and how to mend it; exit status 1 when anything is
+
 <project> is a project id, or a project name in the Default domain.
 <amount> is minor units (15000), or major units with a decimal point
 (150.00 is the same 15000).
 
-Every command takes --data-dir and --json; billing and host commands
-also --database-url, billing commands --billing-currency and
+Every command takes --data-dir and --json; billing, host, backup and
+doctor commands also --database-url, billing commands --billing-currency and
 --billing-credit-limit, image commands --os-cloud and --clouds (see
 "nimbus admin <group> <command> -h").
 `
@@ -104,8 +117,14 @@ type adminCommand struct {
 	setup func(a *adminRun, fs *flag.FlagSet) func(ctx context.Context, args []string) error
 }
 
-// adminGroups are the command groups: billing, host, image and support.
-var adminGroups = map[string]map[string]adminCommand{"billing": adminCommands, "host": hostCommands, "image": imageCommands, "support": supportCommands}
+// adminGroups are the command groups: billing, host, image and support,
+// and the commands that are a group of their own (backup, doctor: their
+// one command is named "").
+var adminGroups = map[string]map[string]adminCommand{"billing": adminCommands, "host": hostCommands, "image": imageCommands,
+	"support": supportCommands, "backup": backupCommands, "doctor": doctorCommands}
+
+// single reports whether group is a command of its own.
+func single(group string) bool { return isCommand(group, "") }
 
 // adminCommands are the billing commands.
 var adminCommands = map[string]adminCommand{
@@ -179,7 +198,7 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		group = adminGroups[words[0]]
 	}
 	switch {
-	case len(words) == 0 || (group != nil && len(words) == 1):
+	case len(words) == 0 || (group != nil && len(words) == 1 && !single(words[0])):
 		fmt.Fprint(stderr, adminUsage)
 		if help {
 			return flag.ErrHelp
@@ -266,7 +285,7 @@ func splitCommand(args []string) (words, rest []string, help bool) {
 		case a == "--":
 			return words, append(rest, args[i:]...), help
 		case len(a) < 2 || a[0] != '-' || isNumber(a):
-			if len(words) < 2 || (len(words) == 2 && isCommand(words[0], words[1]+" "+a)) {
+			if len(words) == 0 || (len(words) == 1 && !single(words[0])) || (len(words) == 2 && isCommand(words[0], words[1]+" "+a)) {
 				words = append(words, a)
 			} else {
 				rest = append(rest, a)

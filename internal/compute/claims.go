@@ -33,9 +33,6 @@ var errClaimConflict = errors.New("compute: placement claim conflicts with the s
 // allocation on the migration record.
 func resizeSourceKey(serverID string) string { return serverID + "/resize-source" }
 
-func cpuItem(id int) string      { return "cpu:" + strconv.Itoa(id) }
-func gpuItem(addr string) string { return "gpu:" + addr }
-
 // diskNode is compute_host_capacity's node for the local disk pool.
 const diskNode = -1
 
@@ -48,13 +45,7 @@ func writeClaim(ctx context.Context, tx *store.Tx, key string, c scheduler.Claim
 		key, c.Host, cells, gpus, c.DiskGB, store.FormatTime(now)); err != nil {
 		return conflictAs(err)
 	}
-	var items []string
-	for _, id := range c.CPUs() {
-		items = append(items, cpuItem(id))
-	}
-	for _, g := range c.GPUs {
-		items = append(items, gpuItem(g))
-	}
+	items := c.Items()
 	// One statement per 300 items keeps under every engine's parameter cap.
 	for len(items) > 0 {
 		n := min(len(items), 300)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 )
 
 // ErrNoValidHost is returned by Reserve when no host fits; nothing is taken.
@@ -92,6 +93,21 @@ func (c Claim) CPUs() []int {
 		out = append(out, cl.CPUs...)
 	}
 	slices.Sort(out)
+	return out
+}
+
+// Items are the names the store reserves the claim's pCPUs and GPUs under
+// (compute_claim_items.item, unique per host): "cpu:<id>" for each pCPU,
+// sorted, then "gpu:<PCI address>" for each GPU.
+func (c Claim) Items() []string {
+	cpus := c.CPUs()
+	out := make([]string, 0, len(cpus)+len(c.GPUs))
+	for _, id := range cpus {
+		out = append(out, "cpu:"+strconv.Itoa(id))
+	}
+	for _, g := range c.GPUs {
+		out = append(out, "gpu:"+g)
+	}
 	return out
 }
 

@@ -23,10 +23,12 @@ var migrations embed.FS
 // migrations when several controllers start on one database at once.
 const migrationLock = 7_316_284_201
 
-func (db *DB) migrate(ctx context.Context) error {
+// migrationSteps are the migrations this binary knows, by name, and their
+// names in the order they run.
+func (db *DB) migrationSteps() (map[string]func(context.Context, *sql.Tx) error, []string, error) {
 	files, err := fs.Glob(migrations, "migrations/*.sql")
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	steps := map[string]func(context.Context, *sql.Tx) error{}
 	for _, path := range files {
@@ -35,7 +37,7 @@ func (db *DB) migrate(ctx context.Context) error {
 	}
 	for name, f := range goMigrations {
 		if _, dup := steps[name]; dup {
-			return fmt.Errorf("store: migration %s is both SQL and Go", name)
+			return nil, nil, fmt.Errorf("store: migration %s is both SQL and Go", name)
 		}
 		steps[name] = func(ctx context.Context, tx *sql.Tx) error { return f(ctx, tx, db.dialect) }
 	}
@@ -44,6 +46,14 @@ func (db *DB) migrate(ctx context.Context) error {
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	return steps, names, nil
+}
+
+func (db *DB) migrate(ctx context.Context) error {
+	steps, names, err := db.migrationSteps()
+	if err != nil {
+		return err
+	}
 
 	conn, err := db.sql.Conn(ctx)
 	if err != nil {
