@@ -89,4 +89,3 @@ func waitIssued(t *testing.T, addr string, roots *x509.CertPool, prev *x509.Cert
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-

@@ -36,8 +36,8 @@ type Source struct {
 // keyPair is a certificate with its parsed leaf and the bytes it was read
 // from, to tell a replaced file from an unchanged one.
 type keyPair struct {
-	cert     *tls.Certificate
-	leaf     *x509.Certificate
+	cert    *tls.Certificate
+	leaf    *x509.Certificate
 	certPEM []byte
 	keyPEM  []byte
 }
