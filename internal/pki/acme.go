@@ -78,7 +78,7 @@ func (s *Source) UseACME(cfg ACME) (*ACMEManager, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	if !validHostName(cfg.Host) {
+	if !IsHostName(cfg.Host) {
 		return nil, fmt.Errorf("pki: ACME certifies a DNS name, not %q", cfg.Host)
 	}
 	dir := filepath.Join(cfg.Dir, caDirName(cfg.Directory))
@@ -99,9 +99,9 @@ func (s *Source) UseACME(cfg ACME) (*ACMEManager, error) {
 	return m, nil
 }
 
-// validHostName accepts the names a CA can certify and that make a safe
-// file name: letters, digits, hyphens and dots, not an IP address.
-func validHostName(h string) bool {
+// IsHostName accepts the DNS names a CA can certify, which also make safe
+// file names: letters, digits, hyphens and dots, not an IP address.
+func IsHostName(h string) bool {
 	if h == "" || len(h) > 253 || strings.HasPrefix(h, ".") || strings.HasSuffix(h, ".") || strings.Contains(h, "..") {
 		return false
 	}
