@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/mail"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"nimbus/internal/api"
 	"nimbus/internal/billing"
 	"nimbus/internal/cloud"
 	"nimbus/internal/driver/fake"
@@ -23,6 +26,7 @@ import (
 	"nimbus/internal/identity"
 	"nimbus/internal/network"
 	"nimbus/internal/panel"
+	"nimbus/internal/pki"
 	"nimbus/internal/scheduler"
 	"nimbus/internal/version"
 )
@@ -72,15 +76,37 @@ func localAgentFlags(fs *flag.FlagSet, noLocalAgent bool) error {
 	return nil
 }
 
+// flagRule refuses flag, saying what it must be, when bad.
+type flagRule struct {
+	bad        bool
+	flag, must string
+}
+
+// tlsRules are the TLS flags' rules: the operator's certificate or ACME,
+// not both, each for a --public-host that is a DNS name (a client asking
+// by IP address sends no name to choose a certificate by).
+func tlsRules(cfg *cloud.Config) []flagRule {
+	own, acme := cfg.TLS.CertFile != "" || cfg.TLS.KeyFile != "", cfg.TLS.ACME != nil
+	var email, dir string
+	if acme {
+		email, dir = cfg.TLS.ACME.Email, cfg.TLS.ACME.Directory
+	}
+	addr, err := mail.ParseAddress(email)
+	return []flagRule{
+		{(cfg.TLS.CertFile == "") != (cfg.TLS.KeyFile == ""), "--tls-cert", "and --tls-key go together"},
+		{own && acme, "--tls-cert", "and --acme-email are two ways to the same certificate: give one"},
+		{(own || acme) && !pki.IsHostName(cfg.PublicHost), "--public-host", "must be the DNS name of the certificate (--tls-cert, --acme-email)"},
+		{acme && (err != nil || addr.Address != email || addr.Name != "" || len(email) > 254), "--acme-email", "must be an e-mail address"},
+		{acme && !strings.HasPrefix(dir, "https://"), "--acme-directory", "must be an https:// URL"},
+	}
+}
+
 func checkServeFlags(cfg *cloud.Config) error {
 	const positive, notNegative = "must be positive", "must not be negative"
 	id, b := cfg.Identity, cfg.Billing
 	upTo := func(lo int64, hi string) string { return fmt.Sprintf("must be from %d to %s", lo, hi) }
 	maxAmount := strconv.FormatInt(billing.MaxAmount, 10)
-	rules := []struct {
-		bad        bool
-		flag, must string
-	}{
+	rules := []flagRule{
 		{cfg.DownAfter <= 0, "--down-after", positive},
 		{cfg.AgentHeartbeat <= 0, "--heartbeat", positive},
 		{cfg.OpTimeout <= 0, "--op-timeout", positive},
@@ -103,6 +129,7 @@ func checkServeFlags(cfg *cloud.Config) error {
 		{cfg.MetricsListen != "" && !loopback(cfg.MetricsListen) && cfg.MetricsToken == "", "--metrics-token",
 			"is required when --metrics-listen is not a loopback address: metrics name every project's spend"},
 	}
+	rules = append(rules, tlsRules(cfg)...)
 	for _, r := range rules {
 		if r.bad {
 			return fmt.Errorf("%s %s", r.flag, r.must)
@@ -134,6 +161,16 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("NIMBUS_DATABASE_URL"), "postgres://… to use PostgreSQL; default SQLite in the data directory (env NIMBUS_DATABASE_URL)")
 	fs.StringVar(&cfg.Listen, "listen", "0.0.0.0", "address to listen on")
 	fs.StringVar(&cfg.PublicHost, "public-host", "", "host name clients use, put in the catalog and the certificate (default: the listen address, or localhost)")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "your certificate for --public-host (PEM, then its chain), used as given and read again when it changes; default a certificate of Nimbus's own CA")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "the key of --tls-cert (PEM)")
+	acme := pki.ACME{}
+	fs.StringVar(&acme.Email, "acme-email", "", "have --public-host's certificate issued and renewed by an ACME CA (TLS-ALPN-01: port 443 must reach a listener), with this contact address")
+	fs.StringVar(&acme.Directory, "acme-directory", pki.LetsEncrypt, "with --acme-email: the ACME CA's directory URL (Let's Encrypt's staging: https://acme-staging-v02.api.letsencrypt.org/directory)")
+	var proxies []string
+	fs.Func("trusted-proxies", "CIDRs or addresses of reverse proxies whose PROXY protocol header or X-Forwarded-For names the client, for limits and logs (comma-separated or repeated)", func(v string) error {
+		proxies = append(proxies, strings.Split(v, ",")...)
+		return nil
+	})
 	fs.IntVar(&cfg.Ports.Identity, "identity-port", cfg.Ports.Identity, "identity (Keystone v3) port")
 	fs.IntVar(&cfg.Ports.Compute, "compute-port", cfg.Ports.Compute, "compute (Nova v2.1) port")
 	fs.IntVar(&cfg.Ports.Image, "image-port", cfg.Ports.Image, "image (Glance v2) port")
@@ -210,6 +247,15 @@ func serve(args []string) error {
 	if err := localAgentFlags(fs, cfg.NoLocalAgent); err != nil {
 		return err
 	}
+	if acme.Email != "" {
+		cfg.TLS.ACME = &acme
+	} else if isSet(fs, "acme-directory") {
+		return errors.New("--acme-directory goes with --acme-email, which turns ACME on")
+	}
+	var err error
+	if cfg.TrustedProxies, err = api.ParseProxies(proxies); err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	policy, err := scheduler.ParsePolicy(*weigher, *keepGPU)
 	if err != nil {
 		return fmt.Errorf("--scheduler-weigher: %w", err)
@@ -269,17 +315,25 @@ func serve(args []string) error {
   panel     %s  (%s)
   driver    %s
   CA file   %s
+  TLS       %s
   clouds    %s  (%s)
 
 Try:
   export OS_CLIENT_CONFIG_FILE=%s
   openstack --os-cloud %s server list
 `, version.String(), c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.VolumeURL, c.BillingURL, c.AgentURL, c.ConsoleURL,
-		c.PanelURL, panelNote, driverLine(c, cfg), c.CACertFile, c.CloudsFile, clouds, c.CloudsFile, try)
+		c.PanelURL, panelNote, driverLine(c, cfg), c.CACertFile, c.TLSSummary(), c.CloudsFile, clouds, c.CloudsFile, try)
 	log.Info("nimbus started", "data_dir", cfg.DataDir, "identity", c.IdentityURL, "clouds_yaml", c.CloudsFile)
 	<-ctx.Done()
 	log.Info("nimbus stopping")
 	return c.Close()
+}
+
+// isSet reports whether the flag name was given.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // driverLine says what runs the servers: the local agent's driver and, for

@@ -12,6 +12,7 @@ import (
 	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
 	"nimbus/internal/network"
+	"nimbus/internal/pki"
 )
 
 // TestCheckServeFlags: serve's defaults pass, and each flag out of its
@@ -55,6 +56,28 @@ func TestCheckServeFlags(t *testing.T) {
 		{"", func(c *cloud.Config) { c.MetricsListen, c.MetricsToken = "0.0.0.0:9180", "t" }},
 		{"", func(c *cloud.Config) { c.Provider = network.Provider{CIDR: "198.51.100.0/24", Gateway: "198.51.100.1"} }},
 		{"--public-cidr,", func(c *cloud.Config) { c.Provider = network.Provider{CIDR: "198.51.100.0/24", Gateway: "192.0.2.1"} }},
+		{"", func(c *cloud.Config) {
+			c.TLS, c.PublicHost = cloud.TLSOptions{CertFile: "c.pem", KeyFile: "k.pem"}, "cloud.example.net"
+		}},
+		{"", func(c *cloud.Config) {
+			c.TLS.ACME, c.PublicHost = acme("ops@example.net", pki.LetsEncrypt), "cloud.example.net"
+		}},
+		{"--tls-cert", func(c *cloud.Config) { c.TLS, c.PublicHost = cloud.TLSOptions{CertFile: "c.pem"}, "cloud.example.net" }},
+		{"--tls-cert", func(c *cloud.Config) { c.TLS, c.PublicHost = cloud.TLSOptions{KeyFile: "k.pem"}, "cloud.example.net" }},
+		{"--tls-cert", func(c *cloud.Config) {
+			c.TLS, c.PublicHost = cloud.TLSOptions{CertFile: "c.pem", KeyFile: "k.pem", ACME: acme("ops@example.net", pki.LetsEncrypt)}, "cloud.example.net"
+		}},
+		{"--public-host", func(c *cloud.Config) { c.TLS = cloud.TLSOptions{CertFile: "c.pem", KeyFile: "k.pem"} }},
+		{"--public-host", func(c *cloud.Config) {
+			c.TLS.ACME, c.PublicHost = acme("ops@example.net", pki.LetsEncrypt), "192.0.2.1"
+		}},
+		{"--acme-email", func(c *cloud.Config) {
+			c.TLS.ACME, c.PublicHost = acme("Ops <ops@example.net>", pki.LetsEncrypt), "cloud.example.net"
+		}},
+		{"--acme-email", func(c *cloud.Config) { c.TLS.ACME, c.PublicHost = acme("ops", pki.LetsEncrypt), "cloud.example.net" }},
+		{"--acme-directory", func(c *cloud.Config) {
+			c.TLS.ACME, c.PublicHost = acme("ops@example.net", "http://ca.example.net/dir"), "cloud.example.net"
+		}},
 	}
 	for _, tc := range tests {
 		cfg := base()
@@ -65,6 +88,28 @@ func TestCheckServeFlags(t *testing.T) {
 			t.Errorf("valid flags refused: %v", err)
 		case tc.flag != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.flag+" ")):
 			t.Errorf("%s out of range: got %v, want an error naming it", tc.flag, err)
+		}
+	}
+}
+
+func acme(email, dir string) *pki.ACME { return &pki.ACME{Email: email, Directory: dir} }
+
+// TestServeTLSAndProxyFlags: the flags read while parsing (the others are
+// TestCheckServeFlags's) refuse a bad value by name before anything starts. Each call
+// that should pass the flags ends at a bad --scheduler-weigher.
+func TestServeTLSAndProxyFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--trusted-proxies", "0.0.0.0/0"}, "--trusted-proxies: "},
+		{[]string{"--trusted-proxies", "10.0.0.0/8,proxy.example.net"}, "--trusted-proxies: "},
+		{[]string{"--trusted-proxies", "10.0.0.0/8,192.0.2.7", "--trusted-proxies", "2001:db8::/48"}, "--scheduler-weigher"},
+		{[]string{"--acme-directory", "https://ca.example.net/dir"}, "--acme-directory goes with --acme-email"},
+	} {
+		args := append([]string{"--data-dir", t.TempDir(), "--scheduler-weigher", "bogus"}, tc.args...)
+		if err := serve(args); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error starting %q", tc.args, err, tc.want)
 		}
 	}
 }

@@ -28,8 +28,10 @@ func AddressKey(hostport string) string {
 	return ip.String()
 }
 
-// ClientAddress is AddressKey of the request's peer. Nimbus serves clients
-// directly, so X-Forwarded-For, which any client can set, is not read.
+// ClientAddress is AddressKey of the request's client, for limits and
+// logs: its peer, or behind a trusted proxy the client the proxy names
+// (Proxies: a PROXY header, or X-Forwarded-For), never what an untrusted
+// client writes in a header.
 func ClientAddress(r *http.Request) string { return AddressKey(r.RemoteAddr) }
 
 // BodyTimeouts bound how slowly a client may send a request body: all of it
@@ -147,19 +149,24 @@ func init() { prometheus.MustRegister(connsRefused) }
 
 // ConnLimiter bounds the connections open from one client address over the
 // listeners it wraps, so that one client cannot take every file descriptor.
+// A trusted proxy's own connections (those without a PROXY header) carry
+// many clients and are not counted.
 type ConnLimiter struct {
-	max  int
-	mu   sync.Mutex
-	open map[string]int
+	max     int
+	proxies Proxies
+	mu      sync.Mutex
+	open    map[string]int
 }
 
 // NewConnLimiter allows max connections per address (0: no limit).
-func NewConnLimiter(max int) *ConnLimiter {
-	return &ConnLimiter{max: max, open: map[string]int{}}
+func NewConnLimiter(max int, proxies Proxies) *ConnLimiter {
+	return &ConnLimiter{max: max, proxies: proxies, open: map[string]int{}}
 }
 
-// Wrap returns ln with the limit applied: a connection over it is closed as
-// soon as it is accepted.
+// Wrap returns ln with the limit applied: a connection over it is closed
+// on its first use, which its server makes at once. The check waits for
+// that use because the client's address may come in a PROXY header
+// (Proxies.Listener, beneath this one), which Accept must not wait for.
 func (l *ConnLimiter) Wrap(ln net.Listener) net.Listener {
 	if l.max <= 0 {
 		return ln
@@ -191,29 +198,73 @@ type limitedListener struct {
 }
 
 func (ll *limitedListener) Accept() (net.Conn, error) {
-	for {
-		c, err := ll.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		key := AddressKey(c.RemoteAddr().String())
-		if ll.l.acquire(key) {
-			return &countedConn{Conn: c, release: func() { ll.l.release(key) }}, nil
-		}
-		connsRefused.Inc()
-		c.Close()
+	c, err := ll.Listener.Accept()
+	if err != nil {
+		return nil, err
 	}
+	return &countedConn{Conn: c, l: ll.l}, nil
 }
 
-// countedConn gives its address's slot back once, on the first Close.
+// errTooManyConns is what a refused connection's first use gets.
+var errTooManyConns = errors.New("api: too many connections from this address")
+
+// countedConn takes its address's slot on first use and gives it back
+// once, on Close.
 type countedConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l        *ConnLimiter
+	admitted sync.Once
+	ok       bool
+	key      string // set when a slot is held
+	closed   sync.Once
 }
 
+func (c *countedConn) admit() bool {
+	c.admitted.Do(func() {
+		addr := c.Conn.RemoteAddr()
+		if c.l.proxies.trustsAddr(addr) {
+			c.ok = true
+			return
+		}
+		key := AddressKey(addr.String())
+		if c.ok = c.l.acquire(key); c.ok {
+			c.key = key
+			return
+		}
+		connsRefused.Inc()
+		c.Conn.Close()
+	})
+	return c.ok
+}
+
+func (c *countedConn) RemoteAddr() net.Addr {
+	c.admit()
+	return c.Conn.RemoteAddr()
+}
+
+func (c *countedConn) Read(b []byte) (int, error) {
+	if !c.admit() {
+		return 0, errTooManyConns
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *countedConn) Write(b []byte) (int, error) {
+	if !c.admit() {
+		return 0, errTooManyConns
+	}
+	return c.Conn.Write(b)
+}
+
+// Close closes first, which ends a PROXY header read under way, then
+// settles admission (a connection closed unused never takes a slot).
 func (c *countedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.closed.Do(func() {
+		c.admitted.Do(func() {})
+		if c.key != "" {
+			c.l.release(c.key)
+		}
+	})
 	return err
 }

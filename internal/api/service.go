@@ -125,7 +125,7 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		observe(s.Name, r, rec.status, time.Since(start))
-		s.Log.Info("request", "service", s.Name, "request_id", rid, "method", r.Method,
+		s.Log.Info("request", "service", s.Name, "request_id", rid, "client", ClientAddress(r), "method", r.Method,
 			"path", r.URL.Path, "status", rec.status, "duration_ms", float64(time.Since(start).Microseconds())/1000)
 	}()
 	if !ValidText(r.URL.Path) {

@@ -118,7 +118,9 @@ func firstNonEmpty(a, b string) string {
 }
 
 // writeClientFiles writes clouds.yaml and one openrc per account, all 0600
-// since they hold passwords.
+// since they hold passwords. They name ca.pem only when the catalog's host
+// meets the built-in CA's certificate: the operator's or ACME's is trusted
+// through the clients' own roots.
 func (c *Cloud) writeClientFiles() error {
 	ca, _ := filepath.Abs(c.CACertFile)
 	var y strings.Builder
@@ -138,13 +140,13 @@ func (c *Cloud) writeClientFiles() error {
 		fmt.Fprintf(&y, "  %s:\n    auth:\n      auth_url: %s\n      username: %s\n      password: %q\n      project_name: %s\n"+
 			"      user_domain_name: Default\n      project_domain_name: Default\n    region_name: RegionOne\n"+
 			"    interface: public\n    identity_api_version: 3\n", a.cloud, c.IdentityURL, a.user, a.pw, a.project)
-		if !c.Config.PlainHTTP {
+		if !c.Config.PlainHTTP && c.builtinServesCatalog() {
 			fmt.Fprintf(&y, "    cacert: %s\n", ca)
 		}
 		rc := fmt.Sprintf("export OS_AUTH_URL=%s\nexport OS_USERNAME=%s\nexport OS_PASSWORD='%s'\nexport OS_PROJECT_NAME=%s\n"+
 			"export OS_USER_DOMAIN_NAME=Default\nexport OS_PROJECT_DOMAIN_NAME=Default\nexport OS_REGION_NAME=RegionOne\n"+
 			"export OS_IDENTITY_API_VERSION=3\nexport OS_INTERFACE=public\n", c.IdentityURL, a.user, a.pw, a.project)
-		if !c.Config.PlainHTTP {
+		if !c.Config.PlainHTTP && c.builtinServesCatalog() {
 			rc += "export OS_CACERT=" + ca + "\n"
 		}
 		if err := writePrivate(c.clientFile(a.user+"-openrc.sh"), []byte(rc)); err != nil {

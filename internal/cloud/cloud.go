@@ -93,6 +93,11 @@ type Config struct {
 	// PlainHTTP serves without TLS, for benchmarks that measure the API
 	// alone. Never the default.
 	PlainHTTP bool
+	// TLS chooses the certificate of the public host name (tls.go).
+	TLS TLSOptions
+	// TrustedProxies are the reverse proxies whose PROXY header or
+	// X-Forwarded-For names the client, for limits and logs (api.Proxies).
+	TrustedProxies api.Proxies
 	// Billing is the operator's billing settings (currency, minimum
 	// top-up, default credit limit, presentation currency); its clock and
 	// log are the cloud's.
@@ -204,6 +209,8 @@ type Cloud struct {
 	exports     *blockexport.Exporter // volumes served to other hosts
 	agentDone   chan struct{}
 	conns       *api.ConnLimiter
+	certs       *pki.Source      // what every listener presents (tls.go)
+	acme        *pki.ACMEManager // nil without ACME
 }
 
 // Start brings a controller up. It returns once every listener is bound.
@@ -231,7 +238,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	}
 	cfg.DatabaseURL = DatabaseURL(cfg.DataDir, cfg.DatabaseURL)
 	cfg.HTTP = cfg.HTTP.withDefaults()
-	c := &Cloud{Config: cfg, conns: api.NewConnLimiter(cfg.HTTP.MaxConnsPerIP)}
+	c := &Cloud{Config: cfg, conns: api.NewConnLimiter(cfg.HTTP.MaxConnsPerIP, cfg.TrustedProxies)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -292,14 +299,11 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 
 	// The agent API is HTTPS even when the services are not: agents'
 	// credentials cross the network.
-	files := pki.FilesIn(cfg.DataDir)
-	c.CACertFile = files.CACert
-	cert, err := pki.Ensure(files, pki.DefaultHosts(cfg.Listen, cfg.PublicHost))
-	if err != nil {
+	if err := c.startTLS(); err != nil {
 		closeAll(lns)
 		return nil, err
 	}
-	agentTLS := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	agentTLS := c.certs.ServerConfig()
 	var tlsCfg *tls.Config
 	if !cfg.PlainHTTP {
 		tlsCfg = agentTLS
@@ -415,7 +419,8 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	for name, ln := range lns {
 		c.serve(name, ln, withHealth(handlers[name], c), tlsCfg)
 	}
-	c.wg.Add(4)
+	c.wg.Add(5)
+	go func() { defer c.wg.Done(); c.runTLS(runCtx) }()
 	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Volumes.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Billing.Run(runCtx) }()
@@ -428,7 +433,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 func (c *Cloud) serve(name string, ln net.Listener, h http.Handler, tlsCfg *tls.Config) {
 	lim := c.Config.HTTP
 	srv := &http.Server{
-		Handler:           api.GuardBodies(h, api.BodyTimeouts{Grace: lim.BodyGrace, MinRate: lim.MinBodyRate}),
+		Handler:           api.GuardBodies(c.Config.TrustedProxies.Handler(h), api.BodyTimeouts{Grace: lim.BodyGrace, MinRate: lim.MinBodyRate}),
 		ReadHeaderTimeout: 10 * time.Second,
 		// Headers and query strings past this are no client's: a long
 		// filter list only makes longer queries.
@@ -444,7 +449,7 @@ func (c *Cloud) serve(name string, ln net.Listener, h http.Handler, tlsCfg *tls.
 	if name != "image" && name != "agent" && name != "console" {
 		srv.WriteTimeout = lim.WriteTimeout
 	}
-	ln = c.conns.Wrap(ln)
+	ln = c.conns.Wrap(c.Config.TrustedProxies.Listener(ln))
 	c.servers = append(c.servers, srv)
 	c.wg.Add(1)
 	go func() {

@@ -1,7 +1,6 @@
 package cloud
 
 import (
-	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"net/http"
@@ -24,7 +23,8 @@ type PanelOptions struct {
 }
 
 // newPanel makes the web panel. It calls the services' public URLs over
-// HTTPS like any client, trusting the cloud's CA.
+// HTTPS like any client, trusting the cloud's CA and the certificate the
+// cloud presents (the operator's or ACME's, whatever its CA).
 func (c *Cloud) newPanel() (*panel.Panel, error) {
 	cfg := c.Config
 	pem, err := os.ReadFile(c.CACertFile)
@@ -34,7 +34,7 @@ func (c *Cloud) newPanel() (*panel.Panel, error) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(pem)
 	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, MaxIdleConnsPerHost: 64,
+		TLSClientConfig: c.certs.ClientConfig(pool), MaxIdleConnsPerHost: 64,
 		ForceAttemptHTTP2: true,
 	}}
 	money := panel.Money{Currency: cfg.Billing.Currency, Presentation: cfg.Billing.PresentationCurrency}

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -37,14 +38,20 @@ func FilesIn(dir string) Files {
 }
 
 // Ensure makes the CA when it is missing and (re)issues the server
-// certificate when it is missing, expires within 30 days or does not cover
-// every name in hosts. It returns the server's TLS certificate.
+// certificate when it is missing, expires within 30 days, does not cover
+// every name in hosts or was signed by an earlier CA. It returns the server's TLS certificate. It never
+// overwrites a server certificate its CA did not sign: that is someone
+// else's (an operator who put theirs in its place), to be given with
+// --tls-cert instead.
 func Ensure(f Files, hosts []string) (tls.Certificate, error) {
 	caCert, caKey, err := loadOrMakeCA(f)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
-	if cert, err := tls.LoadX509KeyPair(f.Cert, f.Key); err == nil && covers(cert, hosts) {
+	if err := ownedBy(f.Cert, caCert); err != nil {
+		return tls.Certificate{}, err
+	}
+	if cert, err := tls.LoadX509KeyPair(f.Cert, f.Key); err == nil && covers(cert, hosts) && cert.Leaf.CheckSignatureFrom(caCert) == nil {
 		return cert, nil
 	}
 	if err := issue(f, caCert, caKey, hosts); err != nil {
@@ -68,6 +75,35 @@ func covers(cert tls.Certificate, hosts []string) bool {
 		}
 	}
 	return true
+}
+
+// ownedBy refuses a certificate in path that neither ca nor an earlier
+// Nimbus CA (one whose files were removed to make a new one) issued. A
+// missing or unreadable file is Nimbus's to (re)make.
+func ownedBy(path string, ca *x509.Certificate) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	block, _ := pem.Decode(data)
+	if block == nil || block.Type != "CERTIFICATE" {
+		return nil
+	}
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	if err != nil || leaf.CheckSignatureFrom(ca) == nil || isNimbusCA(leaf.Issuer) {
+		return nil
+	}
+	return fmt.Errorf("pki: %s was not issued by Nimbus's CA (%s, %s), so it is not overwritten: "+
+		"to serve it, move it and its key out of the data directory and give them with --tls-cert and --tls-key", path, leaf.Issuer, names(leaf))
+}
+
+// caName is the subject of the CA made for host.
+func caName(host string) pkix.Name {
+	return pkix.Name{CommonName: "Nimbus CA " + host, Organization: []string{"Nimbus"}}
+}
+
+func isNimbusCA(n pkix.Name) bool {
+	return strings.HasPrefix(n.CommonName, "Nimbus CA ") && slices.Equal(n.Organization, []string{"Nimbus"})
 }
 
 func loadOrMakeCA(f Files) (*x509.Certificate, *ecdsa.PrivateKey, error) {
@@ -98,7 +134,7 @@ func loadOrMakeCA(f Files) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	host, _ := os.Hostname()
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "Nimbus CA " + host, Organization: []string{"Nimbus"}},
+		Subject:               caName(host),
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().AddDate(10, 0, 0),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
@@ -164,11 +200,7 @@ func serial() *big.Int {
 }
 
 func writePEM(path, typ string, der []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return writeFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode)
 }
 
 // DefaultHosts are the names every server certificate covers: the loopback
