@@ -119,10 +119,20 @@ func TestTrustedProxies(t *testing.T) {
 					t.Errorf("a login through the PROXY header: %d, want 201", got)
 				}
 			}
-			logged, clients := log.String(), []string{"198.51.100.2"}
+			clients := []string{"198.51.100.2"}
 			if trusted {
 				clients = append(clients, "198.51.100.3")
 			}
+			// A request's log line is written once its answer is sent: wait
+			// for every login's line before reading.
+			logins := 4
+			if trusted {
+				logins++
+			}
+			testenv.Eventually(t, 5*time.Second, "every login logged", func() bool {
+				return strings.Count(log.String(), `"path":"/v3/auth/tokens"`) >= logins
+			})
+			logged := log.String()
 			for _, client := range clients {
 				if strings.Contains(logged, `"client":"`+client+`"`) != trusted {
 					t.Errorf("the request log names %s: %v, want %v", client, !trusted, trusted)
