@@ -101,6 +101,19 @@ func tlsRules(cfg *cloud.Config) []flagRule {
 	}
 }
 
+// productionRules are what --production asks: money is real and
+// customers' browsers trust the certificate.
+func productionRules(cfg *cloud.Config) []flagRule {
+	if !cfg.Production {
+		return nil
+	}
+	return []flagRule{
+		{cfg.Billing.TestPayments, "--billing-test-payments", "is refused by --production: its providers credit money nobody paid"},
+		{cfg.TLS.CertFile == "" && cfg.TLS.ACME == nil, "--production", "needs a certificate customers' browsers trust: --tls-cert and --tls-key, or --acme-email"},
+		{cfg.PlainHTTP, "--production", "serves HTTPS only"},
+	}
+}
+
 func checkServeFlags(cfg *cloud.Config) error {
 	const positive, notNegative = "must be positive", "must not be negative"
 	id, b := cfg.Identity, cfg.Billing
@@ -130,6 +143,7 @@ func checkServeFlags(cfg *cloud.Config) error {
 			"is required when --metrics-listen is not a loopback address: metrics name every project's spend"},
 	}
 	rules = append(rules, tlsRules(cfg)...)
+	rules = append(rules, productionRules(cfg)...)
 	for _, r := range rules {
 		if r.bad {
 			return fmt.Errorf("%s %s", r.flag, r.must)
@@ -234,6 +248,7 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "address of the Prometheus metrics listener, e.g. 127.0.0.1:9180 (plain HTTP: /metrics, /healthz); empty for none. The customers' ports never serve metrics")
 	fs.StringVar(&cfg.MetricsToken, "metrics-token", os.Getenv("NIMBUS_METRICS_TOKEN"), "bearer token a metrics scrape must send (env NIMBUS_METRICS_TOKEN); needed when --metrics-listen is not on loopback")
 	fs.BoolVar(&cfg.NoDemo, "no-demo", false, "make no demo customer (it is made on the first start only, and not again once deleted)")
+	fs.BoolVar(&cfg.Production, "production", false, "a production start: no demo customer, the test payment providers refused, and a certificate of the operator's (--tls-cert) or ACME's (--acme-email) required")
 	fs.StringVar(&cfg.Provider.CIDR, "public-cidr", network.DefaultProvider.CIDR, "the provider network's IPv4 CIDR, where floating IPs and routers' gateways live: the public network's subnet follows it")
 	fs.StringVar(&cfg.Provider.Gateway, "public-gateway", network.DefaultProvider.Gateway, "the provider network's own router, the next hop of routers' gateways")
 	fs.Func("public-pool", "a range start-end of --public-cidr given out as public addresses; repeat for more (default: the whole CIDR but the gateway)", func(v string) error {
@@ -273,6 +288,9 @@ func serve(args []string) error {
 			return fmt.Errorf("--billing-presentation-rate: %w", err)
 		}
 	}
+	if cfg.Production {
+		cfg.NoDemo = true
+	}
 	if err := checkServeFlags(&cfg); err != nil {
 		return err
 	}
@@ -303,7 +321,14 @@ func serve(args []string) error {
 	if !c.HasDemo {
 		panelNote, clouds, try = "no demo customer", "cloud nimbus-admin", "nimbus-admin"
 	}
+	mode := "demo and evaluation: the built-in CA unless given a certificate; --production for real customers"
+	if cfg.Production {
+		mode = "production: no demo customer, the test payment providers refused, the certificate below"
+	} else if cfg.Billing.TestPayments {
+		mode = "demo and evaluation, with the simulated payment providers (--billing-test-payments: no real money)"
+	}
 	fmt.Printf(`Nimbus %s is running.
+  mode      %s
   identity  %s
   compute   %s
   image     %s
@@ -321,7 +346,7 @@ func serve(args []string) error {
 Try:
   export OS_CLIENT_CONFIG_FILE=%s
   openstack --os-cloud %s server list
-`, version.String(), c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.VolumeURL, c.BillingURL, c.AgentURL, c.ConsoleURL,
+`, version.String(), mode, c.IdentityURL, c.ComputeURL, c.ImageURL, c.NetworkURL, c.VolumeURL, c.BillingURL, c.AgentURL, c.ConsoleURL,
 		c.PanelURL, panelNote, driverLine(c, cfg), c.CACertFile, c.TLSSummary(), c.CloudsFile, clouds, c.CloudsFile, try)
 	log.Info("nimbus started", "data_dir", cfg.DataDir, "identity", c.IdentityURL, "clouds_yaml", c.CloudsFile)
 	<-ctx.Done()

@@ -50,6 +50,15 @@ func TestCheckServeFlags(t *testing.T) {
 		{"--billing-credit-limit", func(c *cloud.Config) { c.Billing.DefaultCreditLimit = -1 }},
 		{"--demo-credit", func(c *cloud.Config) { c.DemoCredit = c.Billing.MaxBalance + 1 }},
 		{"--metrics-token", func(c *cloud.Config) { c.MetricsListen = "0.0.0.0:9180" }},
+		{"--production", func(c *cloud.Config) { c.Production = true }}, // no certificate
+		{"--billing-test-payments", func(c *cloud.Config) {
+			c.Production, c.Billing.TestPayments, c.PublicHost = true, true, "cloud.example.com"
+			c.TLS.ACME = &pki.ACME{Email: "ops@example.com", Directory: "https://acme.example/dir"}
+		}},
+		{"", func(c *cloud.Config) {
+			c.Production, c.PublicHost = true, "cloud.example.com"
+			c.TLS.ACME = &pki.ACME{Email: "ops@example.com", Directory: "https://acme.example/dir"}
+		}},
 		{"--metrics-token", func(c *cloud.Config) { c.MetricsListen = "192.0.2.10:9180" }},
 		{"", func(c *cloud.Config) { c.MetricsListen = "127.0.0.1:9180" }},
 		{"", func(c *cloud.Config) { c.MetricsListen = "[::1]:9180" }},

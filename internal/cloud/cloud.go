@@ -108,6 +108,10 @@ type Config struct {
 	// NoDemo makes no demo customer (production); without it the demo
 	// customer is made on the first start, and only then.
 	NoDemo bool
+	// Production is a production start (serve --production): no demo
+	// customer, no test payment providers, the operator's or ACME's
+	// certificate; the banner says so.
+	Production bool
 	// MetricsListen is the address of the Prometheus listener (plain
 	// HTTP, /metrics and /healthz); "" serves no metrics. The customers'
 	// ports never serve them. MetricsToken, when set, is the bearer token
