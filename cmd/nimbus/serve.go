@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -41,6 +42,28 @@ func dataDirFor(env, name string) string {
 	}
 	home, _ := os.UserHomeDir()
 	return filepath.Join(home, ".local", "share", name)
+}
+
+// parsePrefixes reads "10.0.0.5,192.0.2.0/24,2001:db8::/64": an address
+// alone is its own /32 or /128.
+func parsePrefixes(v string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if a, err := netip.ParseAddr(f); err == nil {
+			out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q is neither an address nor a CIDR", f)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // checkServeFlags refuses the first flag out of its range, naming it.
@@ -155,6 +178,11 @@ func serve(args []string) error {
 	fs.DurationVar(&cfg.HTTP.WriteTimeout, "write-timeout", cfg.HTTP.WriteTimeout, "time to handle a request and send its response (not image data, agents or the console)")
 	fs.DurationVar(&cfg.HTTP.IdleTimeout, "idle-timeout", cfg.HTTP.IdleTimeout, "how long a kept-alive connection may wait for its next request")
 	fs.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", cfg.HTTP.MaxConnsPerIP, "open connections per client address (IPv6: per /64) over all listeners (0: no limit)")
+	fs.Func("proxy-protocol-from", "addresses or CIDRs, comma-separated, of load balancers that pass TLS through and begin each connection with a PROXY protocol header (HAProxy's send-proxy-v2): their connections must, and per-client limits count the client it names", func(v string) error {
+		p, err := parsePrefixes(v)
+		cfg.HTTP.ProxyFrom = append(cfg.HTTP.ProxyFrom, p...)
+		return err
+	})
 	fs.StringVar(&cfg.Driver, "driver", "fake", "the local agent's hypervisor driver: fake (a simulated fleet) or qemu (real VMs on this machine)")
 	fs.StringVar(&cfg.Volumes.Backend, "volume-backend", cloud.VolumeBackendFile, "where volumes live: file (files in the data directory, served to other hosts over NBD) or rbd (RBD images in a Ceph pool, see --rbd-*)")
 	fs.StringVar(&cfg.Volumes.RBD.Conf, "rbd-conf", "/etc/ceph/ceph.conf", "with --volume-backend rbd: the Ceph cluster's ceph.conf")

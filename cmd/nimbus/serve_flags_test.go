@@ -105,3 +105,27 @@ func TestNoLocalAgentFlags(t *testing.T) {
 		t.Errorf("a controller flag with --no-local-agent: %v", err)
 	}
 }
+
+// TestParsePrefixes: --proxy-protocol-from takes addresses and CIDRs.
+func TestParsePrefixes(t *testing.T) {
+	tests := []struct {
+		in, want string // want: prefixes joined by spaces, or "error"
+	}{
+		{"10.0.0.5", "10.0.0.5/32"},
+		{"10.0.0.5, 192.0.2.7/24,2001:db8::1", "10.0.0.5/32 192.0.2.0/24 2001:db8::1/128"},
+		{"::ffff:10.0.0.5", "10.0.0.5/32"},
+		{"", ""},
+		{"lb.example", "error"},
+		{"10.0.0.0/33", "error"},
+	}
+	for _, tt := range tests {
+		got, err := parsePrefixes(tt.in)
+		var s []string
+		for _, p := range got {
+			s = append(s, p.String())
+		}
+		if (err != nil) != (tt.want == "error") || (err == nil && strings.Join(s, " ") != tt.want) {
+			t.Errorf("parsePrefixes(%q) = %v, %v; want %s", tt.in, s, err, tt.want)
+		}
+	}
+}

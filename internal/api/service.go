@@ -174,7 +174,15 @@ func (s *Service) renderError(w http.ResponseWriter, r *http.Request, e *Error) 
 		return
 	}
 	if e.Status >= 500 {
-		s.Log.Error("server error", "service", s.Name, "request_id", RequestID(r.Context()), "error", e.Message)
+		args := []any{"service", s.Name, "request_id", RequestID(r.Context()), "error", e.Message}
+		if e.Cause != nil {
+			args = append(args, "cause", e.Cause.Error())
+		}
+		if e.Status == http.StatusServiceUnavailable {
+			s.Log.Warn("service unavailable", args...)
+		} else {
+			s.Log.Error("server error", args...)
+		}
 	}
 	s.Render(w, r, e)
 }

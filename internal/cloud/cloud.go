@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -131,6 +132,10 @@ type HTTPLimits struct {
 	// MaxConnsPerIP bounds the open connections from one client address
 	// (an IPv6 /64) over all listeners.
 	MaxConnsPerIP int
+	// ProxyFrom are the load balancers (HAProxy passing TLS through) whose
+	// connections begin with a PROXY protocol header naming the client:
+	// that client is the one per-client limits and logs see.
+	ProxyFrom []netip.Prefix
 }
 
 // DefaultHTTPLimits are nimbus serve's.
@@ -418,7 +423,7 @@ func (c *Cloud) serve(name string, ln net.Listener, h http.Handler, tlsCfg *tls.
 	if name != "image" && name != "agent" && name != "console" {
 		srv.WriteTimeout = lim.WriteTimeout
 	}
-	ln = c.conns.Wrap(ln)
+	ln = c.conns.Wrap(api.ProxyListener(ln, lim.ProxyFrom))
 	c.servers = append(c.servers, srv)
 	c.wg.Add(1)
 	go func() {
