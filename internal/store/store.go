@@ -24,7 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	_ "modernc.org/sqlite"             // registers the "sqlite" database/sql driver
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
 
 // Dialect names the SQL engine behind a DB.
