@@ -140,3 +140,42 @@ func (c *Clients) BootChoice(t testing.TB) (image, flavor, network string) {
 	}
 	return img.ID, fl[best].ID, nets[0].ID
 }
+
+// HostUp tells whether the compute service of host is up, as the operator
+// sees it.
+func (c *Clients) HostUp(t testing.TB, host string) bool {
+	t.Helper()
+	var out struct {
+		Services []struct {
+			Host  string `json:"host"`
+			State string `json:"state"`
+		} `json:"services"`
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.AdminCompute.Get(ctx, c.AdminCompute.ServiceURL("os-services")+"?binary=nova-compute", &out, nil); err != nil {
+		return false
+	}
+	for _, s := range out.Services {
+		if s.Host == host && s.State == "up" {
+			return true
+		}
+	}
+	return false
+}
+
+// Writes makes one security group and answers its status (0: no answer).
+func (c *Clients) Writes(t testing.TB) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := c.Network.Post(ctx, c.Network.ServiceURL("security-groups"),
+		map[string]any{"security_group": map[string]any{"name": "probe"}}, nil, &gophercloud.RequestOpts{OkCodes: []int{201}})
+	if err != nil {
+		if resp != nil {
+			return resp.StatusCode
+		}
+		return 0
+	}
+	return resp.StatusCode
+}
