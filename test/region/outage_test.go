@@ -5,7 +5,11 @@
 package region_test
 
 import (
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,8 +42,19 @@ func TestDatabaseOutage(t *testing.T) {
 		Deadline: requestDeadline, Every: 100 * time.Millisecond}
 	stop := load.Run(4)
 	time.Sleep(2 * time.Second)
+	probes := outageProbes(t, ctl)
+	for name, p := range probes {
+		if got := p.call(); got != p.normal {
+			t.Errorf("%s before the outage: %s", name, got)
+		}
+	}
 	crashed := time.Now()
 	pg.Crash()
+	for name, p := range probes {
+		if got := p.call(); got != "503 "+p.away {
+			t.Errorf("%s while the database is down: %s, want 503 %s", name, got, p.away)
+		}
+	}
 	time.Sleep(5 * time.Second)
 	pg.Start()
 	restarted := time.Now()
@@ -66,5 +81,63 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 	if lost := load.Missing(t, reqs); len(lost) > 0 {
 		t.Errorf("%d acknowledged creates lost, such as %s %s", len(lost), lost[0].Op, lost[0].ID)
+	}
+}
+
+// probe asks one front end that is not an OpenStack API something that
+// needs the database, and answers "status what" (what: the content type,
+// or the agent API's error code), with Retry-After checked on a 503.
+type probe struct {
+	ask          func() string
+	normal, away string
+}
+
+func (p probe) call() string { return p.ask() }
+
+// outageProbes are the panel, asked for a page with a session cookie it
+// must look up (a redirect to sign in when there is no such session), and
+// the agent API, asked for a heartbeat with a credential it must look up
+// (401 when there is no such agent).
+func outageProbes(t *testing.T, ctl *region.Controller) map[string]probe {
+	client, err := region.HTTPClient(ctl.CACert(), requestDeadline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	do := func(req *http.Request, what func(*http.Response, []byte) string) string {
+		resp, err := client.Do(req)
+		if err != nil {
+			return "no answer: " + err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") == "" {
+			return "503 without Retry-After"
+		}
+		return fmt.Sprintf("%d %s", resp.StatusCode, what(resp, body))
+	}
+	return map[string]probe{
+		"panel": {normal: "303 ", away: "text/html", ask: func() string {
+			req, _ := http.NewRequest(http.MethodGet, ctl.URL("panel")+"/servers", nil)
+			req.AddCookie(&http.Cookie{Name: "nimbus_session", Value: strings.Repeat("x", 43)}) // a secret's length: looked up
+			return do(req, func(resp *http.Response, _ []byte) string {
+				if resp.StatusCode == http.StatusSeeOther {
+					return ""
+				}
+				ct, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+				return ct
+			})
+		}},
+		"agent API": {normal: "401 unauthorized", away: "unavailable", ask: func() string {
+			req, _ := http.NewRequest(http.MethodPost, ctl.URL("agent")+"/v1/agent/heartbeat", strings.NewReader(`{}`))
+			req.Header.Set("Authorization", "Bearer no-such-agent.secret")
+			return do(req, func(_ *http.Response, body []byte) string {
+				var e struct {
+					Error struct{ Code string } `json:"error"`
+				}
+				json.Unmarshal(body, &e)
+				return e.Error.Code
+			})
+		}},
 	}
 }
