@@ -5,6 +5,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -71,7 +72,8 @@ func PolicyForbidden(rule string) *Error {
 // AsError turns any error into an *Error. Errors that carry no status become
 // 404 for store.ErrNotFound, 409 for store.ErrConflict, 503 when the
 // database is away (store.IsUnavailable: down, restarting, failing over)
-// and 500 otherwise; the 5xx messages never leak the internal error text.
+// or the request's deadline passed, and 500 otherwise; the 5xx messages
+// never leak the internal error text.
 func AsError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
@@ -82,7 +84,9 @@ func AsError(err error) *Error {
 		return NotFound("Resource could not be found.")
 	case errors.Is(err, store.ErrConflict):
 		return Conflict("Conflict.")
-	case store.IsUnavailable(err):
+	case store.IsUnavailable(err), errors.Is(err, context.DeadlineExceeded):
+		// The database is away, or the request outlived its deadline
+		// waiting for it (Service.Deadline).
 		u := Unavailable()
 		u.Cause = err
 		return u

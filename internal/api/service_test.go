@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"nimbus/internal/api"
 	"nimbus/internal/store"
@@ -199,5 +200,24 @@ func TestUnavailableShapes(t *testing.T) {
 				t.Errorf("%s: the cause leaks: %s", r.name, w.Body)
 			}
 		}
+	}
+}
+
+// TestDeadline: a request whose handler waits on something that does not
+// answer (a frozen database) answers 503 with Retry-After once the
+// service's deadline passes, instead of holding on.
+func TestDeadline(t *testing.T) {
+	s := api.NewService("compute", api.RenderNova, nil)
+	s.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	s.Deadline = 200 * time.Millisecond
+	s.Handle(api.Route{Pattern: "GET /x", Public: true, Handler: func(r *http.Request) (*api.Response, error) {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}})
+	start := time.Now()
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, httptest.NewRequest("GET", "/x", nil))
+	if took := time.Since(start); w.Code != 503 || w.Header().Get("Retry-After") == "" || took > 2*time.Second {
+		t.Fatalf("after %s: %d %q %s", took, w.Code, w.Header().Get("Retry-After"), w.Body)
 	}
 }
