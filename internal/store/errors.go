@@ -55,6 +55,26 @@ func kindOf(err error) errKind {
 	if connectionLost(err) {
 		return kindUnavailable
 	}
+	return textKind(err.Error())
+}
+
+// textKind reads an error a caller flattened with %v, which keeps only
+// its text, as the rule before kindOf did: a conflict or a retry.
+func textKind(msg string) errKind {
+	has := func(subs ...string) bool {
+		for _, s := range subs {
+			if strings.Contains(msg, s) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case has("SQLSTATE 23505", "UNIQUE constraint failed", "duplicate key value"):
+		return kindConflict
+	case has("SQLSTATE 40001", "SQLSTATE 40P01", "database is locked", "SQLITE_BUSY"):
+		return kindRetry
+	}
 	return kindOther
 }
 

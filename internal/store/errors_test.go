@@ -43,6 +43,9 @@ func TestKindOf(t *testing.T) {
 		{"closed pooled connection", fmt.Errorf("x: %w", pgconn.ErrConnClosed), kindUnavailable},
 		{"already unavailable", fmt.Errorf("%w: x", ErrUnavailable), kindUnavailable},
 		{"caller went away", fmt.Errorf("%w: %w", context.Canceled, io.ErrUnexpectedEOF), kindOther},
+		{"flattened unique violation", fmt.Errorf("x: %v", &pgconn.PgError{Code: "23505"}), kindConflict},
+		{"flattened SQLite conflict", errors.New("x: constraint failed: UNIQUE constraint failed: t.a (2067)"), kindConflict},
+		{"flattened SQLite busy", errors.New("x: database is locked (5) (SQLITE_BUSY)"), kindRetry},
 	}
 	for _, tt := range tests {
 		if got := kindOf(tt.err); got != tt.want {

@@ -86,12 +86,7 @@ func (l *Load) Run(workers int) (stop func() []Request) {
 func (l *Load) do(ctx context.Context, op string, sc *gophercloud.ServiceClient, method, url string, body any, ok int, id func(map[string]any) string) Request {
 	r := Request{Op: op, Start: time.Now()}
 	var out map[string]any
-	opts := &gophercloud.RequestOpts{JSONBody: body, OkCodes: []int{ok}}
-	if method != http.MethodGet || id != nil {
-		opts.JSONResponse = &out
-	} else {
-		opts.JSONResponse = &out
-	}
+	opts := &gophercloud.RequestOpts{JSONBody: body, JSONResponse: &out, OkCodes: []int{ok}}
 	resp, err := sc.Request(ctx, method, url, opts)
 	var ue gophercloud.ErrUnexpectedResponseCode
 	switch {
@@ -182,6 +177,7 @@ func (l *Load) Missing(t testing.TB, reqs []Request) []Request {
 // Summary counts a load's requests by how they ended.
 type Summary struct {
 	Total, OK, Unavailable, Hung, NoAnswer int
+	Created                                int // creates that answered 2xx
 	Other                                  map[int]int // other statuses
 	// FirstFailure and LastFailure bound the requests that did not
 	// succeed (zero when all did).
@@ -193,24 +189,34 @@ type Summary struct {
 func Summarize(t testing.TB, reqs []Request) Summary {
 	t.Helper()
 	s := Summary{Total: len(reqs), Other: map[int]int{}}
+	logged := 0
+	logf := func(format string, args ...any) {
+		if logged++; logged <= 20 {
+			t.Logf(format, args...)
+		}
+	}
 	for _, r := range reqs {
 		switch {
 		case r.Status/100 == 2:
 			s.OK++
+			if r.Op != "list" {
+				s.Created++
+			}
 			continue
 		case r.Status == http.StatusServiceUnavailable:
 			s.Unavailable++
-			if err := check503(r); err != nil {
+			if err := check503(r); err != nil && logged < 20 {
+				logged++
 				t.Errorf("%s at %s: %v", r.Op, r.Start.Format("15:04:05.000"), err)
 			}
 		case r.Hung():
 			s.Hung++
 		case r.Status == 0:
 			s.NoAnswer++
-			t.Logf("%s at %s: no answer: %v", r.Op, r.Start.Format("15:04:05.000"), r.Err)
+			logf("%s at %s: no answer: %v", r.Op, r.Start.Format("15:04:05.000"), r.Err)
 		default:
 			s.Other[r.Status]++
-			t.Logf("%s at %s: %d %s", r.Op, r.Start.Format("15:04:05.000"), r.Status, r.Body)
+			logf("%s at %s: %d %s", r.Op, r.Start.Format("15:04:05.000"), r.Status, r.Body)
 		}
 		if s.FirstFailure.IsZero() || r.Start.Before(s.FirstFailure) {
 			s.FirstFailure = r.Start
@@ -223,8 +229,8 @@ func Summarize(t testing.TB, reqs []Request) Summary {
 }
 
 func (s Summary) String() string {
-	return fmt.Sprintf("%d requests: %d succeeded, %d answered 503, %d hung past their deadline, %d had no answer, others %v",
-		s.Total, s.OK, s.Unavailable, s.Hung, s.NoAnswer, s.Other)
+	return fmt.Sprintf("%d requests: %d succeeded (%d creates), %d answered 503, %d hung past their deadline, %d had no answer, others %v",
+		s.Total, s.OK, s.Created, s.Unavailable, s.Hung, s.NoAnswer, s.Other)
 }
 
 // check503 holds a 503 to its service's error body: Nova's (and Cinder's)
