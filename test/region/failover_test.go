@@ -23,7 +23,8 @@ import (
 // answer 503 in their service's shape with Retry-After, none hangs past
 // its deadline and none answers otherwise; every create that answered 2xx
 // exists afterwards; service resumes by itself. The killed node then
-// rejoins as a standby.
+// rejoins as a standby. Last, a controller is killed under the load:
+// HAProxy serves on through the two others.
 func TestPrimaryFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs etcd, Patroni, PostgreSQL, HAProxy and nimbus as processes")
@@ -133,4 +134,28 @@ func TestPrimaryFailover(t *testing.T) {
 	}, old.Patroni)
 	cluster.WaitSynchronous(t, 60*time.Second)
 	t.Logf("after %s rejoined: %+v", old.Name, cluster.Members())
+
+	// A controller killed (-9) under the same load: HAProxy sends new
+	// connections to the two others (a refused connect goes to another,
+	// the dead one is out after two failed checks). Only requests in
+	// flight on its connections go unanswered.
+	stop = load.Run(4)
+	time.Sleep(2 * time.Second)
+	ctlKilled := time.Now()
+	ctls[2].Kill()
+	time.Sleep(10 * time.Second)
+	reqs = stop()
+	s = region.Summarize(t, reqs)
+	t.Logf("controller3 killed, through HAProxy: %s", s)
+	for _, r := range reqs {
+		if r.Status/100 != 2 && (r.Start.After(ctlKilled.Add(3*time.Second)) || r.Status != 0 || r.Hung()) {
+			t.Errorf("%s started %.1f s after the controller's kill: %d %v %s", r.Op, r.Start.Sub(ctlKilled).Seconds(), r.Status, r.Err, r.Body)
+		}
+	}
+	if !s.LastFailure.IsZero() {
+		t.Logf("requests in flight on controller3 went unanswered until %.1f s after its kill", s.LastFailure.Sub(ctlKilled).Seconds())
+	}
+	if lost := load.Missing(t, reqs); len(lost) > 0 {
+		t.Errorf("%d acknowledged creates lost, such as %s %s", len(lost), lost[0].Op, lost[0].ID)
+	}
 }

@@ -46,8 +46,12 @@ type Load struct {
 	n    atomic.Int64
 }
 
-// Run starts workers until stop is called; stop returns every request.
+// Run starts workers until stop is called; stop returns every request of
+// this run.
 func (l *Load) Run(workers int) (stop func() []Request) {
+	l.mu.Lock()
+	l.reqs = nil
+	l.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for w := range workers {
