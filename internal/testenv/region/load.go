@@ -181,7 +181,7 @@ func (l *Load) Missing(t testing.TB, reqs []Request) []Request {
 // Summary counts a load's requests by how they ended.
 type Summary struct {
 	Total, OK, Unavailable, Hung, NoAnswer int
-	Created                                int // creates that answered 2xx
+	Created                                int         // creates that answered 2xx
 	Other                                  map[int]int // other statuses
 	// FirstFailure and LastFailure bound the requests that did not
 	// succeed (zero when all did).
