@@ -5,9 +5,11 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"nimbus/internal/store"
 )
@@ -21,6 +23,8 @@ type Error struct {
 	Type string
 	// Header adds response headers, such as Retry-After.
 	Header http.Header
+	// Cause is the error a 5xx stands for, logged and never shown.
+	Cause error
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%d: %s", e.Status, e.Message) }
@@ -66,8 +70,10 @@ func PolicyForbidden(rule string) *Error {
 }
 
 // AsError turns any error into an *Error. Errors that carry no status become
-// 404 for store.ErrNotFound, 409 for store.ErrConflict and 500 otherwise; the
-// 500 message never leaks the internal error text.
+// 404 for store.ErrNotFound, 409 for store.ErrConflict, 503 when the
+// database is away (store.IsUnavailable: down, restarting, failing over)
+// or the request's deadline passed, and 500 otherwise; the 5xx messages
+// never leak the internal error text.
 func AsError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
@@ -78,9 +84,27 @@ func AsError(err error) *Error {
 		return NotFound("Resource could not be found.")
 	case errors.Is(err, store.ErrConflict):
 		return Conflict("Conflict.")
+	case store.IsUnavailable(err), errors.Is(err, context.DeadlineExceeded):
+		// The database is away, or the request outlived its deadline
+		// waiting for it (Service.Deadline).
+		u := Unavailable()
+		u.Cause = err
+		return u
 	}
-	return Errorf(http.StatusInternalServerError,
-		"Unexpected API Error. Please report this at the operator's support channel and attach the request id if possible.")
+	return &Error{Status: http.StatusInternalServerError, Cause: err,
+		Message: "Unexpected API Error. Please report this at the operator's support channel and attach the request id if possible."}
+}
+
+// RetryAfter is the Retry-After, in seconds, of a 503 for a database that
+// is away: about the time a PostgreSQL failover takes.
+const RetryAfter = 5
+
+// Unavailable is the 503 of a request the service cannot serve now because
+// its database is away. A client may send it again after Retry-After.
+func Unavailable() *Error {
+	return &Error{Status: http.StatusServiceUnavailable,
+		Message: "The service is temporarily unavailable: its database cannot be reached. Please retry.",
+		Header:  http.Header{"Retry-After": {strconv.Itoa(RetryAfter)}}}
 }
 
 // ErrorRenderer writes an *Error in one service's wire shape.
@@ -142,6 +166,7 @@ func RenderNeutron(w http.ResponseWriter, r *http.Request, e *Error) {
 var neutronTypes = map[int]string{
 	400: "HTTPBadRequest", 401: "HTTPUnauthorized", 403: "HTTPForbidden", 404: "HTTPNotFound",
 	409: "HTTPConflict", 413: "HTTPRequestEntityTooLarge", 500: "HTTPInternalServerError",
+	503: "HTTPServiceUnavailable",
 }
 
 // RenderGlance writes Glance's error shape. Glance answers webob errors, which

@@ -82,6 +82,11 @@ type Service struct {
 	Log *slog.Logger
 	// Decorate adds headers to every response (microversion echoes).
 	Decorate func(w http.ResponseWriter, r *http.Request)
+	// Deadline, when set, ends a request's context after this long, so
+	// that a database that stops answering (a primary frozen rather than
+	// dead) holds a request and its pooled connection no longer than the
+	// listener could still send the answer; the request answers 503.
+	Deadline time.Duration
 
 	mux *http.ServeMux
 }
@@ -174,7 +179,15 @@ func (s *Service) renderError(w http.ResponseWriter, r *http.Request, e *Error) 
 		return
 	}
 	if e.Status >= 500 {
-		s.Log.Error("server error", "service", s.Name, "request_id", RequestID(r.Context()), "error", e.Message)
+		args := []any{"service", s.Name, "request_id", RequestID(r.Context()), "error", e.Message}
+		if e.Cause != nil {
+			args = append(args, "cause", e.Cause.Error())
+		}
+		if e.Status == http.StatusServiceUnavailable {
+			s.Log.Warn("service unavailable", args...)
+		} else {
+			s.Log.Error("server error", args...)
+		}
 	}
 	s.Render(w, r, e)
 }
@@ -185,6 +198,11 @@ func (s *Service) wrap(rt Route) http.Handler {
 		maxBody = DefaultMaxBody
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.Deadline > 0 {
+			ctx, cancel := context.WithTimeout(r.Context(), s.Deadline)
+			defer cancel()
+			r = r.WithContext(ctx)
+		}
 		if !rt.Public {
 			caller, err := s.authenticate(r)
 			if err != nil {

@@ -3,12 +3,15 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"nimbus/internal/api"
 	"nimbus/internal/store"
@@ -44,7 +47,9 @@ func newServer(t *testing.T) *httptest.Server {
 			case "missing":
 				return nil, store.ErrNotFound
 			case "boom":
-				return nil, io.ErrUnexpectedEOF // an internal error
+				return nil, errors.New("boom") // an internal error
+			case "dbdown":
+				return nil, fmt.Errorf("listing: %w", store.ErrUnavailable)
 			case "panic":
 				panic("handler bug")
 			}
@@ -80,6 +85,7 @@ func TestService(t *testing.T) {
 		{"store not found is 404", "GET", "/things/missing", "member", "", 404, `"itemNotFound":{"code":404`},
 		{"internal error is 500 without details", "GET", "/things/boom", "member", "", 500, `"computeFault"`},
 		{"panic is 500", "GET", "/things/panic", "member", "", 500, `"computeFault"`},
+		{"database away is 503", "GET", "/things/dbdown", "member", "", 503, `"serviceUnavailable":{"code":503`},
 		{"unknown path", "GET", "/nothing", "member", "", 404, `"itemNotFound"`},
 		{"wrong method", "PUT", "/things/a", "member", "", 405, `"badMethod"`},
 		{"malformed json", "POST", "/things", "member", `{"name":`, 400, `Malformed request body`},
@@ -113,6 +119,9 @@ func TestService(t *testing.T) {
 			}
 			if !strings.HasPrefix(resp.Header.Get("X-Openstack-Request-Id"), "req-") {
 				t.Errorf("no request id header")
+			}
+			if ra := resp.Header.Get("Retry-After"); (tt.status == 503) != (ra != "") {
+				t.Errorf("status %d with Retry-After %q", tt.status, ra)
 			}
 			if tt.status == 401 && resp.Header.Get("WWW-Authenticate") != `Keystone uri="https://id.example"` {
 				t.Errorf("WWW-Authenticate = %q", resp.Header.Get("WWW-Authenticate"))
@@ -156,5 +165,59 @@ func TestTextTheStoreCannotHold(t *testing.T) {
 				t.Fatalf("status %d, want %d", resp.StatusCode, tt.status)
 			}
 		})
+	}
+}
+
+// TestUnavailableShapes: a database that is away answers 503 with
+// Retry-After in each service's own error body, whether the store
+// classified the error or the driver's error came through as it was.
+func TestUnavailableShapes(t *testing.T) {
+	renderers := []struct {
+		name   string
+		render api.ErrorRenderer
+		want   string
+	}{
+		{"nova and cinder", api.RenderNova, `{"serviceUnavailable":{"code":503,"message":`},
+		{"keystone", api.RenderKeystone, `{"error":{"code":503,"message":`},
+		{"neutron", api.RenderNeutron, `"type":"HTTPServiceUnavailable"`},
+		{"glance", api.RenderGlance, `{"code":503,"message":`},
+	}
+	causes := []error{
+		fmt.Errorf("compute: %w", store.ErrUnavailable),
+		io.ErrUnexpectedEOF, // pgx's server gone mid-answer, through rows.Err
+	}
+	for _, r := range renderers {
+		for _, cause := range causes {
+			s := api.NewService(r.name, r.render, nil)
+			s.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+			s.Handle(api.Route{Pattern: "GET /x", Public: true, Handler: func(*http.Request) (*api.Response, error) { return nil, cause }})
+			w := httptest.NewRecorder()
+			s.ServeHTTP(w, httptest.NewRequest("GET", "/x", nil))
+			if w.Code != 503 || w.Header().Get("Retry-After") != "5" || !strings.Contains(w.Body.String(), r.want) {
+				t.Errorf("%s, %v: %d Retry-After %q %s", r.name, cause, w.Code, w.Header().Get("Retry-After"), w.Body)
+			}
+			if strings.Contains(w.Body.String(), "EOF") {
+				t.Errorf("%s: the cause leaks: %s", r.name, w.Body)
+			}
+		}
+	}
+}
+
+// TestDeadline: a request whose handler waits on something that does not
+// answer (a frozen database) answers 503 with Retry-After once the
+// service's deadline passes, instead of holding on.
+func TestDeadline(t *testing.T) {
+	s := api.NewService("compute", api.RenderNova, nil)
+	s.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	s.Deadline = 200 * time.Millisecond
+	s.Handle(api.Route{Pattern: "GET /x", Public: true, Handler: func(r *http.Request) (*api.Response, error) {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}})
+	start := time.Now()
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, httptest.NewRequest("GET", "/x", nil))
+	if took := time.Since(start); w.Code != 503 || w.Header().Get("Retry-After") == "" || took > 2*time.Second {
+		t.Fatalf("after %s: %d %q %s", took, w.Code, w.Header().Get("Retry-After"), w.Body)
 	}
 }

@@ -416,6 +416,14 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	// Keystone itself names its versioned URL in WWW-Authenticate; the other
 	// services' keystonemiddleware names the root (wire captures 08, 09, 40).
 	handlers["identity"].(*api.Service).AuthURL = c.IdentityURL
+	// A request on a listener with a write timeout cannot be answered
+	// after it: end its context a little before, so that it answers 503
+	// and frees its database connection (image data streams have none).
+	for name, h := range handlers {
+		if s, ok := h.(*api.Service); ok && name != "image" {
+			s.Deadline = cfg.HTTP.WriteTimeout - cfg.HTTP.WriteTimeout/10
+		}
+	}
 	if ln, ok := lns["metrics"]; ok {
 		c.serve("metrics", ln, metricsHandler(c), nil)
 		delete(lns, "metrics")

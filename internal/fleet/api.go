@@ -13,6 +13,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"nimbus/internal/api"
 	"nimbus/internal/driver"
 	"nimbus/internal/fleet/wire"
 	"nimbus/internal/store"
@@ -181,8 +182,9 @@ func decode(body []byte, v any) error {
 	return nil
 }
 
-// fail writes err: the agent API's own errors as they are, anything else
-// (the store failed) as a 500 that says no more.
+// fail writes err: the agent API's own errors as they are, the database
+// away (store.IsUnavailable, the rule the APIs follow) as a 503 with
+// Retry-After, anything else as a 500 that says no more.
 func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var ae *apiError
 	if errors.As(err, &ae) {
@@ -191,6 +193,12 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	if r.Context().Err() != nil {
 		return // the agent went away
+	}
+	if store.IsUnavailable(err) {
+		s.log.Warn("fleet: agent API: database unavailable", "path", r.URL.Path, "error", err)
+		w.Header().Set("Retry-After", strconv.Itoa(api.RetryAfter))
+		writeError(w, &apiError{http.StatusServiceUnavailable, wire.CodeUnavailable, "database unavailable"})
+		return
 	}
 	s.log.Error("fleet: agent API failed", "path", r.URL.Path, "error", err)
 	writeError(w, &apiError{http.StatusInternalServerError, wire.CodeInternal, "internal error"})

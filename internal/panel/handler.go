@@ -8,11 +8,15 @@ import (
 	"path"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"nimbus/internal/api"
+	"nimbus/internal/store"
 )
 
 // req is one request to a page: the exchange, the signed-in user (nil on a
@@ -180,12 +184,22 @@ func (q *req) takeFlash() (info, bad string) {
 	return info, bad
 }
 
-// errorPage renders err: the API's message at its status, or a plain 500.
+// errorPage renders err: the API's message at its status, a 503 while the
+// database is away (the rule the APIs follow, store.IsUnavailable), or a
+// plain 500.
 func (q *req) errorPage(err error) {
 	var ae *APIError
-	if !errors.As(err, &ae) {
+	switch {
+	case errors.As(err, &ae):
+	case store.IsUnavailable(err):
+		q.p.cfg.Log.Warn("panel: database unavailable", "path", q.r.URL.Path, "error", err)
+		ae = &APIError{Status: http.StatusServiceUnavailable, Message: "The service is briefly unavailable. Try again in a moment."}
+	default:
 		q.p.cfg.Log.Error("panel: page failed", "path", q.r.URL.Path, "error", err)
 		ae = &APIError{Status: http.StatusInternalServerError, Message: "Something went wrong on our side. Try again in a moment."}
+	}
+	if ae.Status == http.StatusServiceUnavailable {
+		q.w.Header().Set("Retry-After", strconv.Itoa(api.RetryAfter))
 	}
 	if ae.Status == http.StatusUnauthorized && q.s != nil {
 		// The token ended (revoked, expired): sign in again.

@@ -60,6 +60,7 @@ func init() {
 		"No account yet?":              "Ещё нет аккаунта?",
 		"The page could not be found.": "Страница не найдена.",
 		"Something went wrong on our side. Try again in a moment.":                             "Что-то пошло не так на нашей стороне. Попробуйте ещё раз через минуту.",
+		"The service is briefly unavailable. Try again in a moment.":                           "Сервис ненадолго недоступен. Попробуйте ещё раз через минуту.",
 		"The form has expired or did not come from this panel. Reload the page and try again.": "Форма устарела или отправлена не из этой панели. Обновите страницу и попробуйте снова.",
 	})
 }

@@ -22,8 +22,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
-	_ "modernc.org/sqlite"             // registers the "sqlite" database/sql driver
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
 
 // Dialect names the SQL engine behind a DB.
@@ -65,10 +66,11 @@ func Open(ctx context.Context, url string) (*DB, error) {
 
 func open(url string) (*DB, error) {
 	if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
-		sqldb, err := sql.Open("pgx", url)
+		cfg, err := pgx.ParseConfig(url)
 		if err != nil {
 			return nil, fmt.Errorf("store: open postgres: %w", err)
 		}
+		sqldb := stdlib.OpenDB(*withDeadlines(cfg))
 		sqldb.SetMaxOpenConns(32)
 		sqldb.SetMaxIdleConns(32)
 		sqldb.SetConnMaxIdleTime(5 * time.Minute)
@@ -152,7 +154,7 @@ func rebind(d Dialect, q string) string {
 type Querier interface {
 	Exec(ctx context.Context, q string, args ...any) (sql.Result, error)
 	Query(ctx context.Context, q string, args ...any) (*sql.Rows, error)
-	QueryRow(ctx context.Context, q string, args ...any) *sql.Row
+	QueryRow(ctx context.Context, q string, args ...any) *Row
 	Dialect() Dialect
 }
 
@@ -169,18 +171,31 @@ func (db *DB) Exec(ctx context.Context, q string, args ...any) (sql.Result, erro
 // Query runs a query outside any transaction.
 func (db *DB) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
 	if st := db.stmt(q); st != nil {
-		return st.QueryContext(ctx, args...)
+		return classifyRows(st.QueryContext(ctx, args...))
 	}
-	return db.sql.QueryContext(ctx, db.Rebind(q), args...)
+	return classifyRows(db.sql.QueryContext(ctx, db.Rebind(q), args...))
 }
 
 // QueryRow runs a query that returns at most one row.
-func (db *DB) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+func (db *DB) QueryRow(ctx context.Context, q string, args ...any) *Row {
 	if st := db.stmt(q); st != nil {
-		return st.QueryRowContext(ctx, args...)
+		return &Row{st.QueryRowContext(ctx, args...)}
 	}
-	return db.sql.QueryRowContext(ctx, db.Rebind(q), args...)
+	return &Row{db.sql.QueryRowContext(ctx, db.Rebind(q), args...)}
 }
+
+// Row is the result of QueryRow: an sql.Row whose error is classified
+// (ErrUnavailable, ErrConflict) as every other error of the store is.
+type Row struct{ row *sql.Row }
+
+// Scan copies the row's columns into dest; sql.ErrNoRows when there is
+// no row.
+func (r *Row) Scan(dest ...any) error { return classify(r.row.Scan(dest...)) }
+
+// Err is the query's error, if any, without scanning.
+func (r *Row) Err() error { return classify(r.row.Err()) }
+
+func classifyRows(rows *sql.Rows, err error) (*sql.Rows, error) { return rows, classify(err) }
 
 // stmtCacheMax bounds the prepared statements kept: queries built with a
 // varying number of placeholders would otherwise grow the cache forever.
@@ -278,17 +293,17 @@ func (tx *Tx) Exec(ctx context.Context, q string, args ...any) (sql.Result, erro
 // Query runs a query in the transaction.
 func (tx *Tx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
 	if st := tx.db.stmt(q); st != nil {
-		return tx.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+		return classifyRows(tx.tx.StmtContext(ctx, st).QueryContext(ctx, args...))
 	}
-	return tx.tx.QueryContext(ctx, rebind(tx.dialect, q), args...)
+	return classifyRows(tx.tx.QueryContext(ctx, rebind(tx.dialect, q), args...))
 }
 
 // QueryRow runs a query that returns at most one row in the transaction.
-func (tx *Tx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+func (tx *Tx) QueryRow(ctx context.Context, q string, args ...any) *Row {
 	if st := tx.db.stmt(q); st != nil {
-		return tx.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		return &Row{tx.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)}
 	}
-	return tx.tx.QueryRowContext(ctx, rebind(tx.dialect, q), args...)
+	return &Row{tx.tx.QueryRowContext(ctx, rebind(tx.dialect, q), args...)}
 }
 
 // AfterCommit registers f to run once the transaction has committed, for work
@@ -312,7 +327,7 @@ func (db *DB) Tx(ctx context.Context, f func(tx *Tx) error) error {
 func (db *DB) tx(ctx context.Context, f func(tx *Tx) error) (err error) {
 	sqltx, err := db.sql.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("store: begin: %w", err)
+		return classify(fmt.Errorf("store: begin: %w", err))
 	}
 	tx := &Tx{tx: sqltx, db: db, dialect: db.dialect}
 	defer func() {
@@ -322,7 +337,11 @@ func (db *DB) tx(ctx context.Context, f func(tx *Tx) error) (err error) {
 		}
 	}()
 	if err := f(tx); err != nil {
-		_ = sqltx.Rollback()
+		// A rollback that cannot reach the database says why f failed,
+		// whatever f made of its error (rows read half-way, say).
+		if rerr := sqltx.Rollback(); IsUnavailable(rerr) && !IsUnavailable(err) {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
 		return err
 	}
 	if err := sqltx.Commit(); err != nil {
@@ -332,28 +351,6 @@ func (db *DB) tx(ctx context.Context, f func(tx *Tx) error) (err error) {
 		a()
 	}
 	return nil
-}
-
-// classify maps engine errors onto the package's sentinels.
-func classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	if strings.Contains(msg, "UNIQUE constraint failed") || strings.Contains(msg, "SQLSTATE 23505") ||
-		strings.Contains(msg, "duplicate key value") {
-		return fmt.Errorf("%w: %v", ErrConflict, err)
-	}
-	return err
-}
-
-func isRetryable(err error) bool {
-	if err == nil {
-		return false
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "SQLSTATE 40001") || strings.Contains(msg, "SQLSTATE 40P01") ||
-		strings.Contains(msg, "database is locked") || strings.Contains(msg, "SQLITE_BUSY")
 }
 
 // IsNoRows reports whether err means an empty result.

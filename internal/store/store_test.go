@@ -79,3 +79,48 @@ func TestTxAllOrNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestUnavailable: on a real PostgreSQL, a connection the server ends
+// under a transaction (as a failover or a fast shutdown does: SQLSTATE
+// 57P01) and a server that cannot be reached both come out as
+// ErrUnavailable, and the pool serves again on a new connection.
+func TestUnavailable(t *testing.T) {
+	var url string
+	for _, e := range storetest.Engines(t) {
+		if e.Name == "postgres" {
+			url = e.URL
+		}
+	}
+	if url == "" {
+		t.Skip("no PostgreSQL")
+	}
+	ctx := context.Background()
+	db, err := store.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	err = db.Tx(ctx, func(tx *store.Tx) error {
+		var pid int
+		if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return err
+		}
+		if _, err := db.Exec(ctx, "SELECT pg_terminate_backend(?)", pid); err != nil {
+			t.Fatalf("terminate: %v", err)
+		}
+		var one int
+		return tx.QueryRow(ctx, "SELECT 1").Scan(&one)
+	})
+	if !errors.Is(err, store.ErrUnavailable) || !store.IsUnavailable(err) {
+		t.Fatalf("query on a terminated connection: %v, want ErrUnavailable", err)
+	}
+	var one int
+	if err := db.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+		t.Fatalf("after: %v", err)
+	}
+
+	_, err = store.Open(ctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
+	if !store.IsUnavailable(err) {
+		t.Fatalf("open of an unreachable server: %v, want unavailable", err)
+	}
+}

@@ -91,6 +91,7 @@ const (
 	CodeTooLarge     = "too_large"
 	CodeMethod       = "method_not_allowed"
 	CodeInternal     = "internal"
+	CodeUnavailable  = "unavailable" // the controller's database is away: try again after Retry-After
 	CodeHostDown     = "host_down"   // in a result: driver.ErrHostDown
 	CodeNoConsole    = "no_console"  // in a result: driver.ErrNoConsole
 	CodeNotRunning   = "not_running" // in a result: driver.ErrNotRunning

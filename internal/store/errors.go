@@ -1,0 +1,161 @@
+package store
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// ErrUnavailable is returned when the database cannot serve now: it is
+// down or unreachable, restarting, or failing over (the server reached is
+// a standby, or a primary shutting down). It is the service's fault, not
+// the caller's: the APIs answer 503 with Retry-After, and the pool
+// reconnects by itself once a primary takes connections again.
+var ErrUnavailable = errors.New("database unavailable")
+
+// errKind is what an engine error means to Nimbus.
+type errKind int
+
+const (
+	kindOther       errKind = iota
+	kindConflict            // a uniqueness rule: ErrConflict
+	kindRetry               // a serialization failure or deadlock: run the transaction again
+	kindUnavailable         // the database is away: ErrUnavailable
+)
+
+// kindOf is the one rule that reads engine errors; classify, Tx's retry
+// and IsUnavailable all ask it.
+func kindOf(err error) errKind {
+	if err == nil {
+		return kindOther
+	}
+	if errors.Is(err, ErrUnavailable) {
+		return kindUnavailable
+	}
+	if errors.Is(err, ErrConflict) {
+		return kindConflict
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return postgresKind(pg.Code)
+	}
+	var lite *sqlite.Error
+	if errors.As(err, &lite) {
+		return sqliteKind(lite.Code())
+	}
+	if connectionLost(err) {
+		return kindUnavailable
+	}
+	return textKind(err.Error())
+}
+
+// textKind reads an error a caller flattened with %v, which keeps only
+// its text, as the rule before kindOf did: a conflict or a retry.
+func textKind(msg string) errKind {
+	has := func(subs ...string) bool {
+		for _, s := range subs {
+			if strings.Contains(msg, s) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case has("SQLSTATE 23505", "UNIQUE constraint failed", "duplicate key value"):
+		return kindConflict
+	case has("SQLSTATE 40001", "SQLSTATE 40P01", "database is locked", "SQLITE_BUSY"):
+		return kindRetry
+	}
+	return kindOther
+}
+
+// postgresKind reads a SQLSTATE (PostgreSQL's errcodes appendix).
+func postgresKind(code string) errKind {
+	switch {
+	case code == "23505": // unique_violation
+		return kindConflict
+	case code == "40001" || code == "40P01": // serialization_failure, deadlock_detected
+		return kindRetry
+	case strings.HasPrefix(code, "08"), // connection_exception and its kinds
+		code == "57P01", // admin_shutdown: a fast shutdown, or Patroni demoting the primary
+		code == "57P02", // crash_shutdown: another backend crashed
+		code == "57P03", // cannot_connect_now: starting up, or in recovery
+		code == "25006", // read_only_sql_transaction: a standby, or a demoted primary
+		code == "53300": // too_many_connections
+		return kindUnavailable
+	}
+	return kindOther
+}
+
+// sqliteKind reads an SQLite result code, extended or primary.
+func sqliteKind(code int) errKind {
+	switch {
+	case code == sqlite3.SQLITE_CONSTRAINT_UNIQUE, code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+		return kindConflict
+	case code&0xff == sqlite3.SQLITE_BUSY, code&0xff == sqlite3.SQLITE_LOCKED:
+		return kindRetry
+	}
+	return kindOther
+}
+
+// connectionLost tells whether err is the connection to the database
+// failing rather than a statement: a connection that could not be made, a
+// socket error, the server gone mid-answer, or a pooled connection
+// already closed. A caller's cancelled context is not among them: that
+// client went away.
+//
+// pgx reports a server gone mid-message as a bare io.ErrUnexpectedEOF
+// (pgproto3 turns every EOF into it), and database/sql hands it on
+// unwrapped through Rows.Err, so the bare error counts. Elsewhere it
+// would mean a request body cut short, which api's decoding answers with
+// 400 before it could reach here.
+func connectionLost(err error) bool {
+	var connect *pgconn.ConnectError
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.Canceled):
+		return false
+	case errors.As(err, &connect), errors.Is(err, driver.ErrBadConn), errors.Is(err, pgconn.ErrConnClosed):
+		return true
+	case errors.As(err, &netErr), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE), errors.Is(err, io.ErrUnexpectedEOF):
+		return true
+	case pgconn.Timeout(err):
+		return true // a round trip to the server outlived its deadline
+	}
+	return false
+}
+
+// classify maps engine errors onto the package's sentinels, keeping the
+// engine's error in the chain.
+func classify(err error) error {
+	switch kindOf(err) {
+	case kindConflict:
+		if errors.Is(err, ErrConflict) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", ErrConflict, err)
+	case kindUnavailable:
+		if errors.Is(err, ErrUnavailable) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
+
+func isRetryable(err error) bool { return kindOf(err) == kindRetry }
+
+// IsUnavailable tells whether err means the database is away (see
+// ErrUnavailable), whether or not the store classified it: errors read
+// from rows reach callers as the driver gave them.
+func IsUnavailable(err error) bool { return kindOf(err) == kindUnavailable }
