@@ -167,11 +167,10 @@ func New(d Deps) *Service {
 	s := &Service{
 		sched: schedView{policy: policy},
 		db:    d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, volumes: d.Volumes, identity: d.Identity, gate: d.Billing, log: log,
-		now:       func() time.Time { return time.Now().UTC() },
-		queue:     workqueue.New(workqueue.Config{Backoff: stepRetry, MaxBackoff: stepRetryMax}),
-		leases:    d.Leases,
-		scanEvery: scanPeriod,
+		now:   func() time.Time { return time.Now().UTC() },
+		queue: workqueue.New(workqueue.Config{Backoff: stepRetry, MaxBackoff: stepRetryMax}),
 	}
+	s.leases, s.scanEvery = d.Leases, scanPeriod
 	if s.leases == nil {
 		s.leases, s.ownLeases = lease.New(d.DB, lease.Config{Log: log}), true
 	}
