@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 
 	"nimbus/internal/cloud"
@@ -254,14 +255,17 @@ func (r *region) logs() string {
 // survivor's look for owed work (every 5 s) takes them; the spawns
 // already sent to the agent are found again by their op keys, not made
 // twice. Afterwards: exactly one VM per server, each booted once; every
-// claim belongs to a live server; no pCPU is held by two VMs.
+// claim belongs to a live server; no pCPU is held by two VMs. Then the
+// same for their deletes, through a second controller killed mid-way:
+// each server shows task_state deleting until the last controller has
+// finished, and answers 404 only with its ports and claims released.
 func TestControllerKilledMidBuild(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
 	const takeoverBound = 40 * time.Second
 	ctx := context.Background()
-	r := startRegion(t, 3, 1, "3s")
+	r := startRegion(t, 3, 2, "3s")
 	r.credit(1, 10_000_000)
 	r.quota(2, 100, 400)
 	demo := r.compute(0, cloud.DemoUser, "")
@@ -342,6 +346,61 @@ func TestControllerKilledMidBuild(t *testing.T) {
 		t.Errorf("%d pCPUs pinned for 20 servers of 2", len(pinned))
 	}
 	checkClaims(t, r.dbURL, 20, 40)
+
+	// Their deletes, accepted by another controller killed half a second
+	// later (a VM's destroy takes 3 s): each server shows its task
+	// deleting until the last survivor has released what it held, and
+	// answers 404 only then.
+	deleter := r.compute(1, cloud.DemoUser, "")
+	for _, id := range ids {
+		if err := servers.Delete(ctx, deleter, id).ExtractErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	r.ctls[1].stop(t, syscall.SIGKILL)
+	killed = time.Now()
+	last = 0
+	watcher := r.compute(2, cloud.DemoUser, "")
+	nc, err := openstack.NewNetworkV2(r.provider(2, cloud.DemoUser), gophercloud.EndpointOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := map[string]bool{}
+	for len(gone) < len(ids) {
+		if time.Since(killed) > takeoverBound+20*time.Second {
+			t.Fatalf("%d of %d servers gone %s after the second kill\n%s", len(gone), len(ids), time.Since(killed).Round(time.Second), r.logs())
+		}
+		for _, id := range ids {
+			if gone[id] {
+				continue
+			}
+			s, err := servers.Get(ctx, watcher, id).Extract()
+			if err == nil {
+				if s.TaskState != "deleting" {
+					t.Errorf("server %s after its delete: %s/%s", id, s.Status, s.TaskState)
+				}
+				continue
+			}
+			if !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+				continue // the survivor busy: look again
+			}
+			gone[id] = true
+			last = time.Since(killed)
+			if p := serverPorts(t, nc, id); len(p) != 0 {
+				t.Errorf("server %s answers 404 and still holds ports %v", id, p)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("all 20 deleted %.1f s after the second kill (bound %s)", last.Seconds(), takeoverBound)
+	if last > takeoverBound {
+		t.Errorf("the last delete took %s after the kill, over %s", last.Round(100*time.Millisecond), takeoverBound)
+	}
+	if vms := fakeJournal(t, filepath.Join(r.agentD, "fake-fleet.json")); len(vms) != 0 {
+		t.Errorf("%d VMs left on the fake fleet after every server was deleted", len(vms))
+	}
+	checkClaims(t, r.dbURL, 0, 0)
 }
 
 // checkClaims: every claim and claimed item belongs to a live server, and
