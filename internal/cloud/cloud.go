@@ -190,6 +190,8 @@ type Cloud struct {
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup
 	agentCancel context.CancelFunc
+	leaseCancel context.CancelFunc
+	leaseDone   chan struct{}
 	localDriver driver.Driver
 	exports     *blockexport.Exporter // volumes served to other hosts
 	agentDone   chan struct{}
@@ -399,8 +401,13 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	for name, ln := range lns {
 		c.serve(name, ln, withOps(handlers[name], ops), tlsCfg)
 	}
-	c.wg.Add(5)
-	go func() { defer c.wg.Done(); c.Leases.Run(runCtx) }()
+	// The leases are renewed until the work under them has stopped, then
+	// given back (Close), so that no step of this controller's is cut
+	// off from its commit by its own shutdown.
+	leaseCtx, leaseCancel := context.WithCancel(context.Background())
+	c.leaseCancel, c.leaseDone = leaseCancel, make(chan struct{})
+	go func() { defer close(c.leaseDone); c.Leases.Run(leaseCtx) }()
+	c.wg.Add(4)
 	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Volumes.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Billing.Run(runCtx) }()
@@ -684,6 +691,10 @@ func (c *Cloud) Close() error {
 		c.cancel()
 	}
 	c.wg.Wait()
+	if c.leaseCancel != nil {
+		c.leaseCancel()
+		<-c.leaseDone
+	}
 	if c.exports != nil {
 		c.exports.Close() // the volume service re-exports at its next start
 	}

@@ -54,7 +54,11 @@ func (s *Service) enqueue(id string) { s.queue.Add(id) }
 // sweep (once per instanceSync in the region).
 func (s *Service) Run(ctx context.Context) {
 	if s.ownLeases {
-		go s.leases.Run(ctx)
+		// Renewed until the workers have stopped, then given back.
+		lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() { defer close(done); s.leases.Run(lctx) }()
+		defer func() { cancel(); <-done }()
 	}
 	s.queue.Work(s.workerCount(), func(id string) error { return s.reconcile(ctx, id) })
 	s.runBackfills(ctx)
@@ -270,18 +274,20 @@ const maxSteps = 32
 // server's backoff, the lease kept meanwhile: the work stays this
 // controller's, and another's only if this one dies.
 func (s *Service) reconcile(ctx context.Context, id string) error {
-	ok, err := s.leases.Acquire(ctx, serverLease(id))
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
+	if _, taken := s.owned.LoadAndDelete(id); !taken {
+		ok, err := s.leases.Acquire(ctx, serverLease(id))
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.log.Error("reconcile: taking the lease failed", "server", id, "error", err)
+			return err
 		}
-		s.log.Error("reconcile: taking the lease failed", "server", id, "error", err)
-		return err
+		if !ok {
+			return nil // another controller owns the work
+		}
 	}
-	if !ok {
-		return nil // another controller owns the work
-	}
-	err = s.walk(ctx, id)
+	err := s.walk(ctx, id)
 	switch {
 	case err == nil:
 		return nil
@@ -325,6 +331,9 @@ func (s *Service) walk(ctx context.Context, id string) error {
 		st, owed := step{}, false
 		if err == nil {
 			st, owed = stepFor(sv)
+		}
+		if !owed && err == nil && sv.released {
+			return nil // the step's commit gave the lease back with the server at rest
 		}
 		if !owed {
 			rested, err := s.rest(ctx, id)
@@ -376,7 +385,8 @@ func (s *Service) rest(ctx context.Context, id string) (bool, error) {
 // commit writes a step's result if the server still has the task state the
 // step worked on and its lease is still this controller's: a newer intent
 // (such as a delete during a build) wins, and so does a controller that
-// took the server over.
+// took the server over. A result that leaves the server at rest gives the
+// lease back in the same transaction.
 func (s *Service) commit(ctx context.Context, id, task string, f stepResult) error {
 	var written *server
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
@@ -393,6 +403,11 @@ func (s *Service) commit(ctx context.Context, id, task string, f stepResult) err
 		}
 		if err := f(tx, sv); err != nil {
 			return err
+		}
+		if sv.released = !workDue(sv); sv.released {
+			if err := s.leases.Release(ctx, tx, serverLease(id)); err != nil {
+				return err
+			}
 		}
 		written = sv
 		return nil

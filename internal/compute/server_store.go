@@ -136,6 +136,9 @@ type server struct {
 	// metered is what the row was billed as when read, so that saveServer
 	// records a new usage period only when that changes.
 	metered meterKey
+	// released is set on a row a step's commit wrote at rest, having
+	// given the server's lease back in the same transaction.
+	released bool
 }
 
 // quotaUse is what a server counts against its project's quota: its flavor

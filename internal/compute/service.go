@@ -48,6 +48,10 @@ type Service struct {
 	// renews them.
 	leases    *lease.Manager
 	ownLeases bool
+	// owned marks servers whose lease the transaction that wrote their
+	// intent took (enqueueAfter): their worker need not take it again.
+	// A stale mark costs a step that its commit's fence refuses.
+	owned sync.Map
 	// scanEvery is how often Run looks for owed work no live controller
 	// holds (scanPeriod).
 	scanEvery time.Duration

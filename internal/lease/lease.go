@@ -34,6 +34,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"nimbus/internal/store"
@@ -117,6 +118,47 @@ func (m *Manager) Acquire(ctx context.Context, name string) (bool, error) {
 	}
 	n, err := res.RowsAffected()
 	return n == 1, err
+}
+
+// TakeFree takes, in q's transaction, those of names that no one holds,
+// and answers them: the transaction that writes new work can own it at
+// once, without a statement of its own. A name held by anyone, even
+// expired, is left to Acquire.
+func (m *Manager) TakeFree(ctx context.Context, q store.Querier, names ...string) ([]string, error) {
+	var taken []string
+	now, exp := store.FormatTime(m.now()), m.expiry()
+	for len(names) > 0 {
+		n := min(len(names), 200) // under every engine's parameter cap
+		var b strings.Builder
+		args := make([]any, 0, 4*n)
+		b.WriteString("INSERT INTO leases (name, holder, expires_at, acquired_at) VALUES ")
+		for i, name := range names[:n] {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			b.WriteString("(?,?,?,?)")
+			args = append(args, name, m.holder, exp, now)
+		}
+		b.WriteString(" ON CONFLICT (name) DO NOTHING RETURNING name")
+		rows, err := q.Query(ctx, b.String(), args...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var name string
+			if err := rows.Scan(&name); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			taken = append(taken, name)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		names = names[n:]
+	}
+	return taken, nil
 }
 
 // Hold fences a commit of owned work: in q's transaction it renews lease

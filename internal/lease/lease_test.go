@@ -288,3 +288,55 @@ func TestJobOncePerPeriod(t *testing.T) {
 		expect("after the failure", before+1, 3)
 	})
 }
+
+// TestTakeFree: in the transaction that writes new work, the free leases
+// of a batch are taken at once; one held by anyone, even expired, is
+// left to Acquire; a rolled-back transaction takes nothing.
+func TestTakeFree(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		db := openDB(t, url)
+		clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		a := New(db, Config{Holder: "a", Now: clk.now})
+		b := New(db, Config{Holder: "b", Now: clk.now})
+		if ok, err := a.Acquire(ctx, "x"); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		clk.add(DefaultTTL + time.Second) // a's lease on x has expired
+		var names []string
+		for i := range 450 { // more than one statement's worth
+			names = append(names, fmt.Sprint("n", i))
+		}
+		var taken []string
+		err := db.Tx(ctx, func(tx *store.Tx) error {
+			var err error
+			taken, err = b.TakeFree(ctx, tx, append([]string{"x"}, names...)...)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(taken) != fmt.Sprint(names) {
+			t.Fatalf("took %d leases (first %v), want the %d free ones", len(taken), taken[:min(3, len(taken))], len(names))
+		}
+		if ok, _ := a.Acquire(ctx, "n7"); ok {
+			t.Fatal("a took a lease b had taken")
+		}
+		if ok, _ := b.Acquire(ctx, "x"); !ok {
+			t.Fatal("the expired lease was not left to Acquire")
+		}
+		errRollback := errors.New("rollback")
+		err = db.Tx(ctx, func(tx *store.Tx) error {
+			if _, err := a.TakeFree(ctx, tx, "gone"); err != nil {
+				return err
+			}
+			return errRollback
+		})
+		if !errors.Is(err, errRollback) {
+			t.Fatal(err)
+		}
+		if ok, _ := b.Acquire(ctx, "gone"); !ok {
+			t.Fatal("a rolled-back TakeFree held its lease")
+		}
+	})
+}
