@@ -69,8 +69,12 @@ func (s *Service) Run(ctx context.Context) {
 			}
 		})
 	}
-	go s.leases.Loop(ctx, lease.Job{Name: "compute-instance-sync", Next: lease.Every(instanceSync), Check: instanceSync,
-		Run: s.syncInstances})
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		s.leases.Loop(ctx, lease.Job{Name: "compute-instance-sync", Next: lease.Every(instanceSync), Check: instanceSync,
+			Run: s.syncInstances})
+	}()
 	t := time.NewTicker(s.scanEvery)
 	defer t.Stop()
 	for s.scan(ctx); ctx.Err() == nil; {
@@ -81,6 +85,7 @@ func (s *Service) Run(ctx context.Context) {
 		}
 	}
 	s.queue.Shutdown()
+	<-swept
 }
 
 // runBackfills gives servers made by older versions what they lack
