@@ -194,7 +194,8 @@ func (q *Queue) Work(n int, work func(key string) error) {
 
 // Shutdown stops handing out keys, cancels pending retries and waits for
 // the workers' current work to end. Keys still queued are dropped: their
-// owners resume them from the store at the next start.
+// owners find them again from the store (compute looks for owed work
+// every few seconds, from recorded state).
 func (q *Queue) Shutdown() {
 	q.mu.Lock()
 	q.closed = true
