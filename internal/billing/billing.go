@@ -19,11 +19,13 @@ package billing
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/big"
 	"sync"
 	"time"
 
+	"nimbus/internal/lease"
 	"nimbus/internal/store"
 )
 
@@ -139,6 +141,10 @@ type Service struct {
 	suspender Suspender    // shelves servers; nil: nothing is shelved
 	detacher  Detacher     // detaches public addresses; nil: nothing is detached
 	flavors   FlavorSource // prices flavors in quotes; nil: quotes take parts only
+	// leases runs the charging pass on one controller at a time; made
+	// here (ownLeases) unless the region's are shared (SetLeases).
+	leases    *lease.Manager
+	ownLeases bool
 	// crashHook, when set, runs inside each charging transaction after its
 	// inserts and before the commit: tests kill the process there.
 	crashHook func()
@@ -151,6 +157,8 @@ type Service struct {
 // New makes the billing service. The tables come from migration 0008.
 func New(db *store.DB, cfg Config) *Service {
 	s := &Service{db: db, cfg: cfg.withDefaults(), providers: map[string]PaymentProvider{}}
+	s.leases = lease.New(db, lease.Config{Now: s.cfg.Now, Log: s.cfg.Log})
+	s.ownLeases = true
 	if s.cfg.TestPayments {
 		s.AddProvider(TestProvider{})
 	}
@@ -160,34 +168,43 @@ func New(db *store.DB, cfg Config) *Service {
 // AddProvider makes a payment provider available to POST /v1/topups.
 func (s *Service) AddProvider(p PaymentProvider) { s.providers[p.Name()] = p }
 
-// Run charges every hour until ctx ends: once at start, then a few seconds
-// after each hour turns. A failed pass is logged and retried a minute
-// later; nothing is lost since each pass catches up from where the last
-// stopped.
+// Run charges every hour until ctx ends, on one controller of the region
+// at a time (chargeJob): a pass is due at start when none ran since the
+// hour turned, then a few seconds after each hour turns. A failed pass is
+// logged and tried again within a minute, on whichever controller looks
+// first; nothing is lost since each pass catches up from where the last
+// stopped, and nothing is charged twice (ChargeUntil).
 func (s *Service) Run(ctx context.Context) {
-	for {
-		retry := false
-		if res, err := s.ChargeUntil(ctx, s.cfg.Now()); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			s.cfg.Log.Error("billing: charging pass failed", "error", err)
-			retry = true
-		} else {
-			s.cfg.Log.Info("billing: charging pass", "hours", res.Hours, "charges", res.Charges, "amount", res.Amount)
-			if !res.CaughtUp {
-				continue // more hours to catch up: go on at once
-			}
-		}
-		now := s.cfg.Now()
-		wait := now.Truncate(time.Hour).Add(time.Hour + 5*time.Second).Sub(now)
-		if retry && wait > time.Minute {
-			wait = time.Minute // e.g. the database was briefly away
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
+	if s.ownLeases {
+		go s.leases.Run(ctx)
 	}
+	s.leases.Loop(ctx, s.chargeJob())
+}
+
+// SetLeases shares the region's leases (internal/lease) with billing; by
+// default billing makes its own under a random holder name.
+func (s *Service) SetLeases(m *lease.Manager) { s.leases, s.ownLeases = m, false }
+
+// chargeJob is the hourly charging pass as a region's job: its trial
+// expiry and running-dry checks go with it.
+func (s *Service) chargeJob() lease.Job {
+	return lease.Job{Name: "billing-charge", Check: time.Minute,
+		Next: func(last time.Time) time.Time {
+			if last.IsZero() {
+				return last
+			}
+			return last.Truncate(time.Hour).Add(time.Hour + 5*time.Second)
+		},
+		Run: func(ctx context.Context) error {
+			for {
+				res, err := s.ChargeUntil(ctx, s.cfg.Now())
+				if err != nil {
+					return fmt.Errorf("charging pass: %w", err)
+				}
+				s.cfg.Log.Info("billing: charging pass", "hours", res.Hours, "charges", res.Charges, "amount", res.Amount)
+				if res.CaughtUp {
+					return nil
+				}
+			}
+		}}
 }

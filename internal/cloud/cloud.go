@@ -38,6 +38,7 @@ import (
 	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
 	"nimbus/internal/image"
+	"nimbus/internal/lease"
 	"nimbus/internal/network"
 	"nimbus/internal/panel"
 	"nimbus/internal/pki"
@@ -193,6 +194,9 @@ type Cloud struct {
 	Fake  *fake.Driver
 	// Panel is the web control panel.
 	Panel *panel.Panel
+	// Leases owns the work that must happen once, shared with the other
+	// controllers of the region (internal/lease).
+	Leases *lease.Manager
 	// URLs of the services as put in the catalog, and of the agent API;
 	// ConsoleURL is the console proxy's base URL, PanelURL the web panel's.
 	IdentityURL, ComputeURL, ImageURL, NetworkURL, VolumeURL, BillingURL, AgentURL, ConsoleURL, PanelURL string
@@ -209,6 +213,8 @@ type Cloud struct {
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup
 	agentCancel context.CancelFunc
+	leaseCancel context.CancelFunc
+	leaseDone   chan struct{}
 	localDriver driver.Driver
 	exports     *blockexport.Exporter // volumes served to other hosts
 	agentDone   chan struct{}
@@ -255,6 +261,11 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		return nil, err
 	}
 	c.DB = db
+	holder, err := controllerID(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	c.Leases = lease.New(db, lease.Config{Holder: holder, Log: cfg.Log.With("component", "lease")})
 
 	// Bind every listener first: with port 0 the catalog needs the ports
 	// the kernel chose.
@@ -333,6 +344,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	bcfg := cfg.Billing
 	bcfg.Log = cfg.Log
 	c.Billing = billing.New(db, bcfg)
+	c.Billing.SetLeases(c.Leases)
 	// Every service that starts or raises a charge asks billing's gate;
 	// an account that runs dry has its servers shelved and its public
 	// addresses detached.
@@ -361,7 +373,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Fleet.SetImages(hostImages{c.Images})
 	c.Driver = c.Fleet
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks, Volumes: c.Volumes,
-		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, ConsoleURL: c.ConsoleURL, Log: cfg.Log})
+		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, ConsoleURL: c.ConsoleURL, Leases: c.Leases, Log: cfg.Log})
 	c.Volumes.SetExtender(c.Compute)   // an in-use volume that grew
 	c.Volumes.SetLiveCopier(c.Compute) // a snapshot of a volume a VM here writes
 	c.Billing.SetSuspender(c.Compute)
@@ -431,6 +443,12 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	for name, ln := range lns {
 		c.serve(name, ln, withHealth(handlers[name], c), tlsCfg)
 	}
+	// The leases are renewed until the work under them has stopped, then
+	// given back (Close), so that no step of this controller's is cut
+	// off from its commit by its own shutdown.
+	leaseCtx, leaseCancel := context.WithCancel(context.Background())
+	c.leaseCancel, c.leaseDone = leaseCancel, make(chan struct{})
+	go func() { defer close(c.leaseDone); c.Leases.Run(leaseCtx) }()
 	c.wg.Add(5)
 	go func() { defer c.wg.Done(); c.runTLS(runCtx) }()
 	go func() { defer c.wg.Done(); c.Compute.Run(runCtx) }()
@@ -671,24 +689,43 @@ func metricsHandler(c *Cloud) http.Handler {
 	})
 }
 
-// housekeeping runs periodic jobs: purging expired tokens and panel
-// sessions.
+// housekeeping purges expired tokens and panel sessions every 10
+// minutes, on one controller of the region at a time.
 func (c *Cloud) housekeeping(ctx context.Context) {
-	t := time.NewTicker(10 * time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := c.Identity.PurgeExpired(ctx); err != nil && ctx.Err() == nil {
-				c.Config.Log.Warn("token purge failed", "error", err)
+	c.Leases.Loop(ctx, lease.Job{Name: "cloud-housekeeping", Next: lease.Every(10 * time.Minute), Check: 10 * time.Minute,
+		Run: func(ctx context.Context) error {
+			if err := c.Identity.PurgeExpired(ctx); err != nil {
+				return fmt.Errorf("token purge: %w", err)
 			}
-			if err := c.Panel.PurgeSessions(ctx); err != nil && ctx.Err() == nil {
-				c.Config.Log.Warn("panel session purge failed", "error", err)
+			if err := c.Panel.PurgeSessions(ctx); err != nil {
+				return fmt.Errorf("panel session purge: %w", err)
 			}
+			return nil
+		}})
+}
+
+// controllerIDFile keeps the controller's name in its data directory:
+// the holder of its leases, the same across restarts, so that a
+// restarted controller takes its own work back at once.
+const controllerIDFile = "controller-id"
+
+// controllerID is the controller's lease holder name, made at first start
+// from the host name and a random part.
+func controllerID(dataDir string) (string, error) {
+	path := filepath.Join(dataDir, controllerIDFile)
+	if b, err := os.ReadFile(path); err == nil {
+		if id := strings.TrimSpace(string(b)); id != "" {
+			return id, nil
 		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("cloud: controller id: %w", err)
 	}
+	host, _ := os.Hostname()
+	id := lease.NewHolder(host)
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("cloud: controller id: %w", err)
+	}
+	return id, nil
 }
 
 // Close stops the local agent, the listeners and loops, and closes the
@@ -713,6 +750,10 @@ func (c *Cloud) Close() error {
 		c.cancel()
 	}
 	c.wg.Wait()
+	if c.leaseCancel != nil {
+		c.leaseCancel()
+		<-c.leaseDone
+	}
 	if c.exports != nil {
 		c.exports.Close() // the volume service re-exports at its next start
 	}

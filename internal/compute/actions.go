@@ -134,9 +134,8 @@ func (s *Service) intent(r *http.Request, sa simpleAction, mutate func(tx *store
 		if err := s.saveServer(ctx, tx, sv); err != nil {
 			return err
 		}
-		s.enqueueAfter(tx, sv.ID)
 		out = sv
-		return nil
+		return s.enqueueAfter(ctx, tx, sv.ID)
 	})
 	return out, err
 }

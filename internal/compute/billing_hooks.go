@@ -119,7 +119,9 @@ func (s *Service) ShelveServers(ctx context.Context, project string, servers []s
 			if err := s.saveServer(ctx, tx, sv); err != nil {
 				return err
 			}
-			s.enqueueAfter(tx, sv.ID)
+			if err := s.enqueueAfter(ctx, tx, sv.ID); err != nil {
+				return err
+			}
 			n++
 			return nil
 		})

@@ -504,12 +504,9 @@ func volumeQuotaAsNova(err error) error {
 	return err
 }
 
-// errWaitVolumes stops a build whose new volumes are still being made:
-// the server is looked at again after volumeWait.
+// errWaitVolumes stops a build (or a delete) whose new volumes are still
+// being made: the server is tried again through the queue's backoff.
 var errWaitVolumes = errors.New("volumes not ready")
-
-// volumeWait is how soon a build waiting for its volumes looks again.
-const volumeWait = 300 * time.Millisecond
 
 // needsAttach reports whether sv has block devices not attached yet.
 func (sv *server) needsAttach() bool {

@@ -699,6 +699,9 @@ func (s *Service) placeOne(ctx context.Context, sv *server, task string, apply f
 		if err != nil {
 			return nil, err
 		}
+		if err := s.leases.Hold(ctx, tx, serverLease(sv.ID)); err != nil {
+			return nil, err
+		}
 		if cur.TaskState != task || cur.Deleted {
 			return nil, errStaleTask
 		}

@@ -295,7 +295,8 @@ func unitServer(t *testing.T, s *Service, img string) *server {
 }
 
 // TestPlaceOne: placing an existing server writes its host and claim in
-// one transaction, unless its task moved on meanwhile.
+// one transaction, unless its task moved on meanwhile (or its lease went
+// to another controller: TestStepsFenced).
 func TestPlaceOne(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -310,6 +311,10 @@ func TestPlaceOne(t *testing.T) {
 				e := newUnitEnv(t, dbURL, unitHost("u-1"))
 				s := e.service()
 				sv := unitServer(t, s, e.img.ID)
+				// A step runs under the server's lease (reconcile).
+				if ok, err := s.leases.Acquire(t.Context(), serverLease(sv.ID)); !ok || err != nil {
+					t.Fatal(ok, err)
+				}
 				err := s.placeOne(t.Context(), sv, tc.task, func(tx *store.Tx, cur *server, c scheduler.Claim) error {
 					placed(cur, c, "nova")
 					cur.TaskState = taskSpawning

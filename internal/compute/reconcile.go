@@ -11,17 +11,28 @@ import (
 	"nimbus/internal/api"
 	"nimbus/internal/driver"
 	"nimbus/internal/image"
+	"nimbus/internal/lease"
 	"nimbus/internal/metering"
 	"nimbus/internal/network"
 	"nimbus/internal/store"
 )
 
-// The reconcile loop: API handlers write a server's intent (vm_state and
-// task_state) and enqueue its id after commit; workers take ids from a
-// deduplicating queue and walk each server through the driver one step at
-// a time, writing every state change in its own small transaction, until
-// the server rests (task_state null). A restart re-enqueues every server
-// with a task state, so an interrupted task resumes where it was.
+// The reconcile loop: API handlers write a server's intent (task_state,
+// or vm_state building) and enqueue its id after commit; workers take ids
+// from a deduplicating queue and walk each server through the driver one
+// step at a time (steps.go), writing every state change in its own small
+// transaction, until the server rests (no step is owed).
+//
+// The work is owned through the database, not by the controller that
+// accepted the request: a worker walks a server only under the server's
+// lease (internal/lease), renewed while the controller lives and checked
+// by every commit, and gives it back when the server rests. Every
+// controller looks every scanPeriod for servers that owe a step
+// (work_due, written with the state) and whose lease no other live
+// controller holds, so the work of a controller that died is picked up
+// within the lease's TTL and one look; a restart finds its own at once.
+// Every retry, of a failed commit, of a host that is down, of a build
+// whose volumes are not ready, goes through the queue's per-key backoff.
 
 // workerCount is how many servers are driven at once: PostgreSQL is bound
 // by round trips and gains from more; SQLite has one writer and a pool of
@@ -37,16 +48,20 @@ func (s *Service) workerCount() int {
 // which also resets the server's retry backoff.
 func (s *Service) enqueue(id string) { s.queue.Add(id) }
 
-// Run drives the reconcile loop until ctx ends: it resumes every unfinished
-// task found in the store, then serves new ones.
+// Run drives the reconcile loop until ctx ends: it takes up the owed work
+// it finds in the store, serves new requests, looks for owed work that no
+// live controller holds every scanPeriod, and offers to run the instance
+// sweep (once per instanceSync in the region).
 func (s *Service) Run(ctx context.Context) {
+	if s.ownLeases {
+		// Renewed until the workers have stopped, then given back.
+		lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() { defer close(done); s.leases.Run(lctx) }()
+		defer func() { cancel(); <-done }()
+	}
 	s.queue.Work(s.workerCount(), func(id string) error { return s.reconcile(ctx, id) })
-	if err := s.backfillMeter(ctx); err != nil && ctx.Err() == nil {
-		s.log.Error("metering: backfill failed", "error", err)
-	}
-	if err := s.backfillClaims(ctx); err != nil && ctx.Err() == nil {
-		s.log.Error("scheduler: claim backfill failed", "error", err)
-	}
+	s.runBackfills(ctx)
 	if pn, ok := s.driver.(driver.PowerNotifier); ok {
 		pn.SetPowerListener(func(id string, p driver.PowerState) {
 			if ctx.Err() == nil {
@@ -54,73 +69,122 @@ func (s *Service) Run(ctx context.Context) {
 			}
 		})
 	}
-	s.resume(ctx)
-	tick := time.NewTicker(instanceSync)
-	defer tick.Stop()
-	for done := false; !done; {
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		s.leases.Loop(ctx, lease.Job{Name: "compute-instance-sync", Next: lease.Every(instanceSync), Check: instanceSync,
+			Run: s.syncInstances})
+	}()
+	t := time.NewTicker(s.scanEvery)
+	defer t.Stop()
+	for s.scan(ctx); ctx.Err() == nil; {
 		select {
 		case <-ctx.Done():
-			done = true
-		case <-tick.C:
-			s.syncInstances(ctx)
+		case <-t.C:
+			s.scan(ctx)
 		}
 	}
 	s.queue.Shutdown()
+	<-swept
 }
 
-// resume enqueues servers with unfinished tasks and squares the driver's
-// view with the store (nova/compute/manager.py init_host and
-// _sync_power_states).
-func (s *Service) resume(ctx context.Context) {
-	// Servers with volume ops owed hold them in their document.
-	rows, err := s.db.Query(ctx, `SELECT id FROM compute_servers WHERE deleted=0 AND (task_state<>'' OR vm_state=?
- OR doc LIKE ?)`, vmBuilding, `%"volume_ops":[%`)
+// runBackfills gives servers made by older versions what they lack
+// (usage periods, claims), on one controller at a time.
+func (s *Service) runBackfills(ctx context.Context) {
+	always := func(time.Time) time.Time { return time.Time{} }
+	_, _, err := s.leases.RunJob(ctx, lease.Job{Name: "compute-backfill", Next: always, Run: func(ctx context.Context) error {
+		if err := s.backfillMeter(ctx); err != nil {
+			return fmt.Errorf("metering backfill: %w", err)
+		}
+		if err := s.backfillClaims(ctx); err != nil {
+			return fmt.Errorf("claim backfill: %w", err)
+		}
+		return nil
+	}})
+	if err != nil && ctx.Err() == nil {
+		s.log.Error("compute: backfill failed", "error", err)
+	}
+}
+
+// serverLease names the lease that owns a server's work.
+func serverLease(id string) string { return "server/" + id }
+
+// scan pokes every server that owes a step and whose lease no other live
+// controller holds: work left by a controller that died, or never
+// enqueued (nova/compute/manager.py init_host resumes the same way, from
+// task states, but only for its own host).
+func (s *Service) scan(ctx context.Context) {
+	ids, err := s.dueServers(ctx)
 	if err != nil {
-		s.log.Error("reconcile: resume query failed", "error", err)
+		if ctx.Err() == nil {
+			s.log.Warn("reconcile: looking for owed work failed", "error", err)
+		}
 		return
 	}
+	if len(ids) == 0 {
+		return
+	}
+	held, err := s.leases.HeldByOthers(ctx, serverLease(""))
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("reconcile: reading leases failed", "error", err)
+		}
+		return
+	}
+	for _, id := range ids {
+		if !held[serverLease(id)] {
+			s.queue.Poke(id)
+		}
+	}
+}
+
+// dueServers are the servers that owe a step.
+func (s *Service) dueServers(ctx context.Context) ([]string, error) {
+	rows, err := s.db.Query(ctx, `SELECT id FROM compute_servers WHERE work_due = 1`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
 	var ids []string
 	for rows.Next() {
 		var id string
-		if rows.Scan(&id) == nil {
-			ids = append(ids, id)
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
 		}
+		ids = append(ids, id)
 	}
-	rows.Close()
-	for _, id := range ids {
-		s.enqueue(id)
-	}
-	s.syncInstances(ctx)
+	return ids, rows.Err()
 }
 
 // Periods of the loop's background work.
 const (
-	// hostDownRetry is how soon a step that found its host down looks again.
-	hostDownRetry = 5 * time.Second
 	// stepRetry is how soon a step that failed to commit (the store or a
-	// collaborator failed, not the driver) is tried again; each failure
-	// in a row of the same server doubles it, up to stepRetryMax.
+	// collaborator failed, not the driver), found its host down or its
+	// volumes not ready is tried again; each failure in a row of the same
+	// server doubles it, up to stepRetryMax.
 	stepRetry    = 500 * time.Millisecond
 	stepRetryMax = time.Minute
 	// instanceSync is how often the driver's view of the VMs is squared
 	// with the store, as nova's _sync_power_states and
 	// _cleanup_running_deleted_instances do.
 	instanceSync = 30 * time.Second
+	// scanPeriod is how often a controller looks for owed work no live
+	// controller holds. With lease.DefaultTTL, the work of a controller
+	// that died is taken up within 20 s.
+	scanPeriod = 5 * time.Second
 )
 
 // syncInstances destroys VMs whose server is gone and syncs the power state
 // of servers at rest with what the driver sees.
-func (s *Service) syncInstances(ctx context.Context) {
+func (s *Service) syncInstances(ctx context.Context) error {
 	insts, err := s.driver.List(ctx)
 	if err != nil {
-		s.log.Warn("reconcile: driver list failed", "error", err)
-		return
+		return fmt.Errorf("driver list: %w", err)
 	}
 	live := map[string]bool{}
 	rows, err := s.db.Query(ctx, `SELECT id FROM compute_servers WHERE deleted = 0`)
 	if err != nil {
-		s.log.Warn("reconcile: server list failed", "error", err)
-		return
+		return fmt.Errorf("server list: %w", err)
 	}
 	for rows.Next() {
 		var id string
@@ -143,7 +207,7 @@ func (s *Service) syncInstances(ctx context.Context) {
 	rows, err = s.db.Query(ctx, `SELECT id, power_state FROM compute_servers WHERE deleted=0 AND task_state='' AND host<>''
  AND vm_state IN (?,?,?,?)`, vmActive, vmStopped, vmPaused, vmSuspended)
 	if err != nil {
-		return
+		return err
 	}
 	type ps struct {
 		id    string
@@ -167,6 +231,7 @@ func (s *Service) syncInstances(ctx context.Context) {
 			s.syncPower(ctx, p.id, power)
 		}
 	}
+	return nil
 }
 
 // syncPower records a server's power state as the driver sees it, when the
@@ -192,11 +257,72 @@ func (s *Service) syncPower(ctx context.Context, id string, power driver.PowerSt
 // stepResult is what a driver step asks to write.
 type stepResult func(tx *store.Tx, sv *server) error
 
-// reconcile walks one server until it rests or ctx ends. An error asks
-// the queue to try the server again after its backoff.
+// Outcomes of a walk that are not failures.
+var (
+	// errMore ends a walk that took maxSteps steps: the server is handed
+	// out again at once, behind the others queued.
+	errMore = errors.New("more steps owed")
+	// errWaitHost ends a walk whose step found the server's host down
+	// (its agent is not reporting): the work waits for it through the
+	// queue's backoff rather than fail the server, as nova-compute picks
+	// its queue up when it comes back.
+	errWaitHost = errors.New("host down")
+)
+
+// maxSteps bounds one walk, so that a server with a long life cycle does
+// not hold a worker from the others.
+const maxSteps = 32
+
+// reconcile takes server id's lease and walks the server until it rests,
+// then gives the lease back. A server whose lease another controller
+// holds is left to it. An error asks the queue to try again after the
+// server's backoff, the lease kept meanwhile: the work stays this
+// controller's, and another's only if this one dies.
 func (s *Service) reconcile(ctx context.Context, id string) error {
+	if _, taken := s.owned.LoadAndDelete(id); !taken {
+		ok, err := s.leases.Acquire(ctx, serverLease(id))
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.log.Error("reconcile: taking the lease failed", "server", id, "error", err)
+			return err
+		}
+		if !ok {
+			return nil // another controller owns the work
+		}
+	}
+	err := s.walk(ctx, id)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return nil // shutting down: resumed by the next owner
+	case errors.Is(err, lease.ErrLost):
+		s.log.Info("reconcile: the server's lease went to another controller", "server", id)
+		return nil
+	case errors.Is(err, errMore):
+		s.queue.Add(id)
+		return nil
+	case errors.Is(err, errWaitHost), errors.Is(err, errWaitVolumes):
+		s.log.Info("reconcile: step waits", "server", id, "for", err.Error())
+		return err
+	}
+	// The store or a collaborator failed, not the driver: the queue
+	// tries the same step again after the server's backoff rather than
+	// give up.
+	s.log.Error("reconcile: step failed to commit", "server", id, "error", err)
+	return err
+}
+
+// walk runs the steps server id's recorded state asks for until it rests
+// (the lease given back) or maxSteps were taken (errMore).
+func (s *Service) walk(ctx context.Context, id string) error {
 	defer s.fresh.Delete(id)
-	for i := 0; i < 32 && ctx.Err() == nil; i++ {
+	for range maxSteps {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		var sv *server
 		var err error
 		if v, ok := s.fresh.LoadAndDelete(id); ok {
@@ -204,43 +330,68 @@ func (s *Service) reconcile(ctx context.Context, id string) error {
 		} else {
 			sv, err = s.loadServer(ctx, s.db, id, false)
 		}
-		if errors.Is(err, store.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil // shutting down: resumed at the next start
-			}
-			s.log.Error("reconcile: load failed", "server", id, "error", err)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
-		if sv.Deleted {
-			return nil
+		st, owed := step{}, false
+		if err == nil {
+			st, owed = stepFor(sv)
 		}
-		// Volume ops come before any task step (a delete removes every
-		// attachment itself).
-		if len(sv.Doc.VolumeOps) > 0 && sv.TaskState != taskDeleting {
-			if err := s.volumeStep(ctx, sv); err != nil {
-				if ctx.Err() != nil || errors.Is(err, errWaitHost) {
-					return nil
-				}
-				s.log.Error("reconcile: volume op failed to commit", "server", id, "error", err)
+		if !owed && err == nil && sv.released {
+			return nil // the step's commit gave the lease back with the server at rest
+		}
+		if !owed {
+			rested, err := s.rest(ctx, id)
+			if err != nil || rested {
 				return err
 			}
-			continue
+			continue // new intent arrived meanwhile
 		}
-		if sv.TaskState == "" && sv.VMState != vmBuilding {
-			return nil
-		}
-		if more, err := s.step(ctx, sv); !more {
+		if err := s.runStep(ctx, sv, st); err != nil {
 			return err
 		}
 	}
-	return nil
+	return errMore
+}
+
+// runStep runs st for sv, keyed for the driver by the server, its task and
+// its intent's id, so that the same step asked again (after a restart, or
+// by the controller that took the server over) finds the same work on its
+// host instead of starting it twice.
+func (s *Service) runStep(ctx context.Context, sv *server, st step) error {
+	ctx = driver.WithOpKey(ctx, sv.ID+"/"+sv.TaskState+"/"+sv.Doc.TaskID)
+	return st.run(s, ctx, sv, s.now())
+}
+
+// rest gives server id's lease back if the stored server owes no step,
+// read under the row's lock: an intent committed meanwhile keeps the lease
+// and is walked, and one committed after finds the lease free.
+func (s *Service) rest(ctx context.Context, id string) (bool, error) {
+	rested := false
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		rested = false
+		q := `SELECT work_due FROM compute_servers WHERE id = ?`
+		if tx.Dialect() == store.Postgres {
+			q += " FOR UPDATE"
+		}
+		var due int
+		if err := tx.QueryRow(ctx, q, id).Scan(&due); err != nil && !store.IsNoRows(err) {
+			return err
+		}
+		if due != 0 {
+			return nil
+		}
+		rested = true
+		return s.leases.Release(ctx, tx, serverLease(id))
+	})
+	return rested, err
 }
 
 // commit writes a step's result if the server still has the task state the
-// step worked on: a newer intent (such as a delete during a build) wins.
+// step worked on and its lease is still this controller's: a newer intent
+// (such as a delete during a build) wins, and so does a controller that
+// took the server over. A result that leaves the server at rest gives the
+// lease back in the same transaction.
 func (s *Service) commit(ctx context.Context, id, task string, f stepResult) error {
 	var written *server
 	err := s.db.Tx(ctx, func(tx *store.Tx) error {
@@ -249,11 +400,19 @@ func (s *Service) commit(ctx context.Context, id, task string, f stepResult) err
 		if err != nil {
 			return err
 		}
+		if err := s.leases.Hold(ctx, tx, serverLease(id)); err != nil {
+			return err
+		}
 		if sv.TaskState != task || sv.Deleted {
 			return nil
 		}
 		if err := f(tx, sv); err != nil {
 			return err
+		}
+		if sv.released = !workDue(sv); sv.released {
+			if err := s.leases.Release(ctx, tx, serverLease(id)); err != nil {
+				return err
+			}
 		}
 		written = sv
 		return nil
@@ -476,17 +635,7 @@ func (s *Service) fail(ctx context.Context, sv *server, task, event string, star
 		return ctx.Err() // shutting down: the step resumes after a restart
 	}
 	if errors.Is(cause, driver.ErrHostDown) {
-		// The host's agent is not reporting: the work waits for it rather
-		// than fail the server (nova-compute picks its queue up when it
-		// comes back).
-		s.log.Info("reconcile: host down, step waits", "server", sv.ID, "task", task, "host", sv.Host)
-		id := sv.ID
-		time.AfterFunc(hostDownRetry, func() {
-			if ctx.Err() == nil {
-				s.enqueue(id)
-			}
-		})
-		return nil
+		return fmt.Errorf("%w: %s (%s)", errWaitHost, sv.Host, task)
 	}
 	s.log.Warn("reconcile: step failed", "server", sv.ID, "task", task, "error", cause)
 	msg, code := cause.Error(), 500
@@ -514,104 +663,4 @@ func (s *Service) fail(ctx context.Context, sv *server, task, event string, star
 		}
 		return s.finish(ctx, tx, cur, event, started, cause)
 	})
-}
-
-// step performs the next step for sv; it reports whether to look again,
-// and the error of a step that failed to commit.
-func (s *Service) step(ctx context.Context, sv *server) (bool, error) {
-	started := s.now()
-	task := sv.TaskState
-	ctx = driver.WithOpKey(ctx, sv.ID+"/"+task+"/"+sv.Doc.TaskID)
-	var err error
-	switch {
-	case task == taskDeleting:
-		err = s.stepDelete(ctx, sv, started)
-	case sv.VMState == vmBuilding && task == taskScheduling:
-		err = s.stepSchedule(ctx, sv, started)
-	case sv.VMState == vmBuilding && task == taskNone:
-		err = s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
-			cur.TaskState = taskSpawning
-			if cur.Host == "" {
-				cur.TaskState = taskScheduling
-			}
-			return s.saveServer(ctx, tx, cur)
-		})
-	case sv.VMState == vmBuilding && task == taskSpawning && sv.needsAttach():
-		err = s.stepBlockDevices(ctx, sv, started)
-	case sv.VMState == vmBuilding && task == taskSpawning:
-		err = s.stepSpawn(ctx, sv, started, "compute_build_and_run_instance")
-	case task == taskPoweringOff:
-		err = s.simpleStep(ctx, sv, started, "compute_stop_instance", func() error { return s.driver.PowerOff(ctx, sv.ID, true) }, vmStopped, driver.Shutdown)
-	case task == taskPoweringOn:
-		err = s.simpleStep(ctx, sv, started, "compute_start_instance", func() error { return s.driver.PowerOn(ctx, sv.ID) }, vmActive, driver.Running)
-	case task == taskRebooting:
-		err = s.simpleStep(ctx, sv, started, "compute_reboot_instance", func() error { return s.driver.Reboot(ctx, sv.ID, false) }, vmActive, driver.Running)
-	case task == taskRebootingHard:
-		err = s.simpleStep(ctx, sv, started, "compute_reboot_instance", func() error { return s.driver.Reboot(ctx, sv.ID, true) }, vmActive, driver.Running)
-	case task == taskPausing:
-		err = s.simpleStep(ctx, sv, started, "compute_pause_instance", func() error { return s.driver.Pause(ctx, sv.ID) }, vmPaused, driver.Paused)
-	case task == taskUnpausing:
-		err = s.simpleStep(ctx, sv, started, "compute_unpause_instance", func() error { return s.driver.Unpause(ctx, sv.ID) }, vmActive, driver.Running)
-	case task == taskSuspending:
-		err = s.simpleStep(ctx, sv, started, "compute_suspend_instance", func() error { return s.driver.Suspend(ctx, sv.ID) }, vmSuspended, driver.Suspended)
-	case task == taskResuming:
-		err = s.simpleStep(ctx, sv, started, "compute_resume_instance", func() error { return s.driver.Resume(ctx, sv.ID) }, vmActive, driver.Running)
-	case task == taskShelving:
-		err = s.stepShelve(ctx, sv, started)
-	case task == taskShelvingOffloading:
-		err = s.stepOffload(ctx, sv, started)
-	case task == taskUnshelving:
-		err = s.stepUnshelve(ctx, sv, started)
-	case sv.VMState == vmShelvedOffloaded && task == taskSpawning:
-		err = s.stepSpawn(ctx, sv, started, "compute_unshelve_instance")
-	case task == taskResizePrep:
-		err = s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
-			cur.TaskState = taskResizeMigrating
-			return s.saveServer(ctx, tx, cur)
-		})
-	case task == taskResizeMigrating:
-		err = s.stepResize(ctx, sv, started)
-	case task == taskResizeFinish:
-		err = s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
-			cur.VMState, cur.TaskState = vmResized, ""
-			return s.finish(ctx, tx, cur, "compute_finish_resize", started, nil)
-		})
-	case task == taskResizeReverting:
-		err = s.stepRevert(ctx, sv, started)
-	case task == taskRebuilding:
-		err = s.stepRebuild(ctx, sv, started)
-	case task == taskRebuildSpawning:
-		err = s.stepRebuildSpawn(ctx, sv, started)
-	case task == taskImageSnapshot:
-		err = s.stepSnapshot(ctx, sv, started, taskImageSnapshot)
-	case task == taskImageBackup:
-		err = s.stepSnapshot(ctx, sv, started, taskImageBackup)
-	default:
-		// A task this loop does not drive: clear it so the server is usable.
-		s.log.Warn("reconcile: unknown task state cleared", "server", sv.ID, "vm_state", sv.VMState, "task_state", task)
-		err = s.commit(ctx, sv.ID, task, func(tx *store.Tx, cur *server) error {
-			cur.TaskState = ""
-			return s.saveServer(ctx, tx, cur)
-		})
-	}
-	if errors.Is(err, errWaitVolumes) {
-		id := sv.ID
-		time.AfterFunc(volumeWait, func() {
-			if ctx.Err() == nil {
-				s.enqueue(id)
-			}
-		})
-		return false, nil
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return false, nil // shutting down: resumed at the next start
-		}
-		// The store or a collaborator failed, not the driver: the queue
-		// tries the same step again after the server's backoff rather
-		// than give up.
-		s.log.Error("reconcile: step failed to commit", "server", sv.ID, "task", task, "error", err)
-		return false, err
-	}
-	return true, nil
 }

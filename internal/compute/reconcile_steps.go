@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"nimbus/internal/driver"
+	"nimbus/internal/lease"
 	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
 	"nimbus/internal/volume"
@@ -164,6 +165,9 @@ func (s *Service) stepShelve(ctx context.Context, sv *server, started time.Time)
 	if imageID == "" && !sv.volumeBacked() {
 		var base = s.imageBase(ctx, sv.ProjectID, sv.ImageRef)
 		err := s.db.Tx(ctx, func(tx *store.Tx) error {
+			if err := s.leases.Hold(ctx, tx, serverLease(sv.ID)); err != nil {
+				return err
+			}
 			img, err := s.images.CreateShelveImage(ctx, tx, sv.ProjectID, sv.Name+"-shelved",
 				map[string]string{"instance_uuid": sv.ID, "image_type": "snapshot", "base_image_ref": sv.ImageRef}, base, licenceOf(sv))
 			if err != nil {
@@ -172,6 +176,9 @@ func (s *Service) stepShelve(ctx context.Context, sv *server, started time.Time)
 			imageID = img.ID
 			return nil
 		})
+		if errors.Is(err, lease.ErrLost) {
+			return err
+		}
 		if err != nil {
 			s.log.Warn("reconcile: shelve snapshot unavailable", "server", sv.ID, "error", err)
 			imageID = ""

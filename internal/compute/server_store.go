@@ -136,6 +136,9 @@ type server struct {
 	// metered is what the row was billed as when read, so that saveServer
 	// records a new usage period only when that changes.
 	metered meterKey
+	// released is set on a row a step's commit wrote at rest, having
+	// given the server's lease back in the same transaction.
+	released bool
 }
 
 // quotaUse is what a server counts against its project's quota: its flavor
@@ -341,11 +344,11 @@ func (s *Service) insertServer(ctx context.Context, q store.Querier, sv *server)
 	if err := s.moveMeter(ctx, q, sv); err != nil {
 		return err
 	}
-	_, err := q.Exec(ctx, `INSERT INTO compute_servers (`+serverCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := q.Exec(ctx, `INSERT INTO compute_servers (`+serverCols+`, work_due) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sv.ID, sv.ProjectID, sv.UserID, sv.Name, sv.VMState, sv.TaskState, sv.Power, sv.Host, sv.FlavorID, sv.ImageRef,
 		sv.ReservationID, sv.LaunchIndex, b2i(sv.Locked), sv.AZ, sv.KeyName, sv.Hostname, joinTags(sv.Tags),
 		sv.VCPUs, sv.MemoryMB, sv.DiskGB, store.FormatTime(sv.CreatedAt), store.FormatTime(sv.UpdatedAt),
-		fmtTimePtr(sv.LaunchedAt), fmtTimePtr(sv.TerminatedAt), b2i(sv.Deleted), store.JSON(sv.Doc))
+		fmtTimePtr(sv.LaunchedAt), fmtTimePtr(sv.TerminatedAt), b2i(sv.Deleted), store.JSON(sv.Doc), b2i(workDue(sv)))
 	return err
 }
 
@@ -365,10 +368,10 @@ func (s *Service) saveServer(ctx context.Context, q store.Querier, sv *server) e
 	sv.UpdatedAt = s.now()
 	_, err := q.Exec(ctx, `UPDATE compute_servers SET name=?, vm_state=?, task_state=?, power_state=?, host=?, flavor_id=?,
  image_ref=?, locked=?, availability_zone=?, key_name=?, hostname=?, tags=?, vcpus=?, memory_mb=?, disk_gb=?,
- updated_at=?, launched_at=?, terminated_at=?, deleted=?, doc=? WHERE id=?`,
+ updated_at=?, launched_at=?, terminated_at=?, deleted=?, doc=?, work_due=? WHERE id=?`,
 		sv.Name, sv.VMState, sv.TaskState, sv.Power, sv.Host, sv.FlavorID, sv.ImageRef, b2i(sv.Locked), sv.AZ,
 		sv.KeyName, sv.Hostname, joinTags(sv.Tags), sv.VCPUs, sv.MemoryMB, sv.DiskGB, store.FormatTime(sv.UpdatedAt),
-		fmtTimePtr(sv.LaunchedAt), fmtTimePtr(sv.TerminatedAt), b2i(sv.Deleted), store.JSON(sv.Doc), sv.ID)
+		fmtTimePtr(sv.LaunchedAt), fmtTimePtr(sv.TerminatedAt), b2i(sv.Deleted), store.JSON(sv.Doc), b2i(workDue(sv)), sv.ID)
 	return err
 }
 

@@ -186,8 +186,7 @@ func (s *Service) handleDelete(r *http.Request) (*api.Response, error) {
 		if err := s.saveServer(r.Context(), tx, sv); err != nil {
 			return err
 		}
-		tx.AfterCommit(func() { s.enqueue(sv.ID) })
-		return nil
+		return s.enqueueAfter(r.Context(), tx, sv.ID)
 	})
 	if err != nil {
 		return nil, err
@@ -259,13 +258,27 @@ func notFoundAs(e error, err error) error {
 	return e
 }
 
-// enqueueAll wakes the reconcile loop for ids after commit.
-func (s *Service) enqueueAfter(tx *store.Tx, ids ...string) {
+// enqueueAfter owns the work of servers ids, whose intent tx writes:
+// their leases are taken in tx where free (reconcile then needs no
+// statement to take them), and the reconcile loop is woken after commit.
+func (s *Service) enqueueAfter(ctx context.Context, tx *store.Tx, ids ...string) error {
+	names := make([]string, len(ids))
+	for i, id := range ids {
+		names[i] = serverLease(id)
+	}
+	taken, err := s.leases.TakeFree(ctx, tx, names...)
+	if err != nil {
+		return err
+	}
 	tx.AfterCommit(func() {
+		for _, name := range taken {
+			s.owned.Store(strings.TrimPrefix(name, serverLease("")), true)
+		}
 		for _, id := range ids {
 			s.enqueue(id)
 		}
 	})
+	return nil
 }
 
 var _ = context.Background

@@ -582,7 +582,9 @@ func (s *Service) insertCreate(ctx context.Context, tx *store.Tx, p *createPlan,
 			keys = append(keys, sv.ID)
 		}
 	}
-	s.enqueueAfter(tx, keys...)
+	if err := s.enqueueAfter(ctx, tx, keys...); err != nil {
+		return nil, nil, err
+	}
 	return created, keys, nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"nimbus/internal/api"
 	"nimbus/internal/driver"
 	"nimbus/internal/image"
+	"nimbus/internal/lease"
 	"nimbus/internal/network"
 	"nimbus/internal/scheduler"
 	"nimbus/internal/store"
@@ -42,6 +43,18 @@ type Service struct {
 	log      *slog.Logger
 	now      func() time.Time
 	queue    *workqueue.Queue // reconcile loop work, keyed by server id
+	// leases owns servers' work and the sweeps through the database
+	// (reconcile.go); ownLeases when compute made them itself and so
+	// renews them.
+	leases    *lease.Manager
+	ownLeases bool
+	// owned marks servers whose lease the transaction that wrote their
+	// intent took (enqueueAfter): their worker need not take it again.
+	// A stale mark costs a step that its commit's fence refuses.
+	owned sync.Map
+	// scanEvery is how often Run looks for owed work no live controller
+	// holds (scanPeriod).
+	scanEvery time.Duration
 	// fresh holds, per server id, the row a worker's last step committed,
 	// so that the next step need not read it again. Only the worker that
 	// holds the id uses its entry; a stale entry costs at most a wasted
@@ -134,6 +147,10 @@ type Deps struct {
 	// Scheduler is how hosts are chosen (weigher, GPU hosts kept for GPU
 	// flavors); the zero value spreads and keeps GPU hosts.
 	Scheduler *scheduler.Policy
+	// Leases owns the reconcile work and the sweeps through the
+	// database, shared with the region's other controllers; nil: compute
+	// makes its own, under a random holder name, and renews it in Run.
+	Leases *lease.Manager
 	// ConsoleURL is the console proxy's base URL, e.g.
 	// https://cloud.example.com:6080 (Nova's novncproxy_base_url without
 	// its page); empty: no console proxy, no remote consoles.
@@ -156,6 +173,10 @@ func New(d Deps) *Service {
 		db:    d.DB, driver: d.Driver, images: d.Images, networks: d.Networks, volumes: d.Volumes, identity: d.Identity, gate: d.Billing, log: log,
 		now:   func() time.Time { return time.Now().UTC() },
 		queue: workqueue.New(workqueue.Config{Backoff: stepRetry, MaxBackoff: stepRetryMax}),
+	}
+	s.leases, s.scanEvery = d.Leases, scanPeriod
+	if s.leases == nil {
+		s.leases, s.ownLeases = lease.New(d.DB, lease.Config{Log: log}), true
 	}
 	s.consoleURL = strings.TrimSuffix(d.ConsoleURL, "/")
 	// An aggregate's zone change moves hosts between zones: the

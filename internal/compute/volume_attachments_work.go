@@ -66,14 +66,11 @@ func (s *Service) addVolumeOp(ctx context.Context, tx *store.Tx, sv *server, op 
 	return s.saveServer(ctx, tx, sv)
 }
 
-// errWaitHost stops a worker whose op found the server's host down: the
-// server is looked at again after hostDownRetry.
-var errWaitHost = errors.New("host down")
-
-// volumeStep runs sv's first volume op.
-func (s *Service) volumeStep(ctx context.Context, sv *server) error {
+// volumeStep runs sv's first volume op. An op that finds the server's
+// host down answers errWaitHost: the server is tried again through the
+// queue's backoff.
+func (s *Service) volumeStep(ctx context.Context, sv *server, started time.Time) error {
 	op := sv.Doc.VolumeOps[0]
-	started := s.now()
 	if s.volumes == nil {
 		// Block storage went away with the op pending: nothing to do.
 		return s.endVolumeOp(ctx, sv.ID, op, started, errors.New("no block storage"), nil)
@@ -92,15 +89,6 @@ func (s *Service) volumeStep(ctx context.Context, sv *server) error {
 	default:
 		err = s.endVolumeOp(ctx, sv.ID, op, started, fmt.Errorf("unknown volume op %q", op.Kind), nil)
 	}
-	if errors.Is(err, errWaitHost) {
-		s.log.Info("reconcile: host down, volume op waits", "server", sv.ID, "op", op.Kind, "host", sv.Host)
-		id := sv.ID
-		time.AfterFunc(hostDownRetry, func() {
-			if ctx.Err() == nil {
-				s.enqueue(id)
-			}
-		})
-	}
 	return err
 }
 
@@ -116,11 +104,15 @@ func volumeVMHost(sv *server) string {
 }
 
 // endVolumeOp ends op in one transaction: f's change of the attachments,
-// the op out of the document, the instance action's event.
+// the op out of the document, the instance action's event; only while the
+// server's lease is this controller's.
 func (s *Service) endVolumeOp(ctx context.Context, serverID string, op volumeOp, started time.Time, failure error, f func(tx *store.Tx) error) error {
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
 		cur, err := s.loadServer(ctx, tx, serverID, true)
 		if err != nil {
+			return err
+		}
+		if err := s.leases.Hold(ctx, tx, serverLease(serverID)); err != nil {
 			return err
 		}
 		if f != nil {
@@ -143,6 +135,9 @@ func (s *Service) replaceVolumeOp(ctx context.Context, serverID string, op, next
 	return s.db.Tx(ctx, func(tx *store.Tx) error {
 		cur, err := s.loadServer(ctx, tx, serverID, true)
 		if err != nil {
+			return err
+		}
+		if err := s.leases.Hold(ctx, tx, serverLease(serverID)); err != nil {
 			return err
 		}
 		k := slices.IndexFunc(cur.Doc.VolumeOps, func(o volumeOp) bool {

@@ -77,6 +77,19 @@ func (q *Queue) Add(key string) {
 	q.push(key)
 }
 
+// Poke queues key if nothing is under way for it: not queued, not being
+// worked on, not waiting for a retry. A periodic look for owed work
+// (level-triggered, from recorded state) pokes what it finds, so that it
+// neither resets a failing key's backoff nor hands out a key twice.
+func (q *Queue) Poke(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || q.queued[key] || q.running[key] || q.retries[key] != nil {
+		return
+	}
+	q.push(key)
+}
+
 // push queues key unless it is queued already; a key being worked on is
 // marked to be handed out again. Called with mu held.
 func (q *Queue) push(key string) {
@@ -181,7 +194,8 @@ func (q *Queue) Work(n int, work func(key string) error) {
 
 // Shutdown stops handing out keys, cancels pending retries and waits for
 // the workers' current work to end. Keys still queued are dropped: their
-// owners resume them from the store at the next start.
+// owners find them again from the store (compute looks for owed work
+// every few seconds, from recorded state).
 func (q *Queue) Shutdown() {
 	q.mu.Lock()
 	q.closed = true

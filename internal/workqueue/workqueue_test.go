@@ -90,6 +90,21 @@ func TestBackoff(t *testing.T) {
 			wantQueued: []string{"a", "b"},
 		},
 		{
+			name:       "a poke queues an idle key once",
+			steps:      []string{"poke a", "poke a", "add b", "poke a"},
+			wantQueued: []string{"a", "b"},
+		},
+		{
+			name:       "a poke neither cuts a retry short nor resets the backoff",
+			steps:      append(append([]string{"add a"}, fail("a", 2)...), "run a fail", "poke a", "fire", "run a fail"),
+			wantDelays: []time.Duration{500 * ms, time.Second, 2 * time.Second, 4 * time.Second},
+		},
+		{
+			name:       "a poke while the key is worked on does not hand it out again",
+			steps:      []string{"add a", "get a", "poke a", "done a ok"},
+			wantQueued: nil,
+		},
+		{
 			name:       "a failing key waits its turn behind others",
 			steps:      []string{"add a", "add b", "run a fail", "fire", "run b ok"},
 			wantDelays: []time.Duration{500 * ms},
@@ -120,6 +135,8 @@ func apply(q *Queue, clk *fakeClock, step string) error {
 	switch f[0] {
 	case "add":
 		q.Add(f[1])
+	case "poke":
+		q.Poke(f[1])
 	case "get":
 		return get(q, f[1])
 	case "done":
