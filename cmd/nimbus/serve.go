@@ -24,6 +24,7 @@ import (
 	"nimbus/internal/driver/qemu"
 	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
+	"nimbus/internal/image"
 	"nimbus/internal/network"
 	"nimbus/internal/panel"
 	"nimbus/internal/pki"
@@ -124,6 +125,7 @@ func checkServeFlags(cfg *cloud.Config) error {
 		{cfg.AgentHeartbeat <= 0, "--heartbeat", positive},
 		{cfg.OpTimeout <= 0, "--op-timeout", positive},
 		{cfg.Volumes.Backend != cloud.VolumeBackendFile && cfg.Volumes.Backend != cloud.VolumeBackendRBD && cfg.Volumes.Backend != "", "--volume-backend", "must be file or rbd"},
+		{cfg.ImageData.Backend != image.BackendFile && cfg.ImageData.Backend != image.BackendRBD && cfg.ImageData.Backend != "", "--image-backend", "must be file or rbd"},
 		{id.LockoutFailureAttempts < 0, "--lockout-failure-attempts", notNegative},
 		{id.LockoutDuration < 0, "--lockout-duration", notNegative},
 		{id.LoginFailuresPerAddress < 0, "--login-failures-per-ip", notNegative},
@@ -225,9 +227,11 @@ func serve(args []string) error {
 	fs.IntVar(&cfg.HTTP.MaxConnsPerIP, "max-conns-per-ip", cfg.HTTP.MaxConnsPerIP, "open connections per client address (IPv6: per /64) over all listeners (0: no limit)")
 	fs.StringVar(&cfg.Driver, "driver", "fake", "the local agent's hypervisor driver: fake (a simulated fleet) or qemu (real VMs on this machine)")
 	fs.StringVar(&cfg.Volumes.Backend, "volume-backend", cloud.VolumeBackendFile, "where volumes live: file (files in the data directory, served to other hosts over NBD) or rbd (RBD images in a Ceph pool, see --rbd-*)")
-	fs.StringVar(&cfg.Volumes.RBD.Conf, "rbd-conf", "/etc/ceph/ceph.conf", "with --volume-backend rbd: the Ceph cluster's ceph.conf")
-	fs.StringVar(&cfg.Volumes.RBD.User, "rbd-user", "cinder", "with --volume-backend rbd: the Ceph client's name, without client.")
-	fs.StringVar(&cfg.Volumes.RBD.Keyring, "rbd-keyring", "", "with --volume-backend rbd: the client's keyring (default /etc/ceph/ceph.client.<rbd-user>.keyring)")
+	fs.StringVar(&cfg.ImageData.Backend, "image-backend", image.BackendFile, "where image data lives: file (files in the data directory, this controller's alone) or rbd (RBD images in a Ceph pool every controller reaches, see --rbd-image-pool and --rbd-*)")
+	fs.StringVar(&cfg.ImageData.Pool, "rbd-image-pool", "images", "with --image-backend rbd: the pool images live in, each with a protected snapshot volumes are cloned from")
+	fs.StringVar(&cfg.Volumes.RBD.Conf, "rbd-conf", "/etc/ceph/ceph.conf", "with --volume-backend rbd or --image-backend rbd: the Ceph cluster's ceph.conf")
+	fs.StringVar(&cfg.Volumes.RBD.User, "rbd-user", "cinder", "with --volume-backend rbd or --image-backend rbd: the Ceph client's name, without client.")
+	fs.StringVar(&cfg.Volumes.RBD.Keyring, "rbd-keyring", "", "with --volume-backend rbd or --image-backend rbd: the client's keyring (default /etc/ceph/ceph.client.<rbd-user>.keyring)")
 	fs.StringVar(&cfg.Volumes.RBD.Pool, "rbd-pool", "volumes", "with --volume-backend rbd: the pool volumes and their snapshots live in")
 	fs.StringVar(&cfg.Volumes.RBD.BackupPool, "rbd-backup-pool", "backups", "with --volume-backend rbd: the pool volume backups are stored in")
 	var qf qemuFlags

@@ -11,6 +11,7 @@ import (
 	"nimbus/internal/cloud"
 	"nimbus/internal/fleet"
 	"nimbus/internal/identity"
+	"nimbus/internal/image"
 	"nimbus/internal/network"
 	"nimbus/internal/pki"
 )
@@ -34,6 +35,8 @@ func TestCheckServeFlags(t *testing.T) {
 		{"--op-timeout", func(c *cloud.Config) { c.OpTimeout = 0 }},
 		{"", func(c *cloud.Config) { c.Volumes.Backend = cloud.VolumeBackendRBD }},
 		{"--volume-backend", func(c *cloud.Config) { c.Volumes.Backend = "ceph" }},
+		{"", func(c *cloud.Config) { c.ImageData.Backend = image.BackendRBD }},
+		{"--image-backend", func(c *cloud.Config) { c.ImageData.Backend = "swift" }},
 		{"--lockout-failure-attempts", func(c *cloud.Config) { c.Identity.LockoutFailureAttempts = -1 }},
 		{"--lockout-duration", func(c *cloud.Config) { c.Identity.LockoutDuration = -time.Second }},
 		{"--login-failures-per-ip", func(c *cloud.Config) { c.Identity.LoginFailuresPerAddress = -1 }},

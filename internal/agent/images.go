@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,6 +29,30 @@ func (s imageStore) Open(ctx context.Context, id string) (io.ReadCloser, error) 
 		return nil, fmt.Errorf("image %s: %w", id, err)
 	}
 	return resp.Body, nil
+}
+
+var _ driver.DirectImages = imageStore{}
+
+// Direct asks the controller where the host reads image id's data itself
+// (nil: through Open).
+func (s imageStore) Direct(ctx context.Context, id string) (*driver.ImageDirect, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.c.base+wire.PathImages+url.PathEscape(id)+"?"+wire.QueryDirect, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.do(req)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", id, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNoContent {
+		return nil, nil
+	}
+	var d driver.ImageDirect
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&d); err != nil {
+		return nil, fmt.Errorf("image %s: where to read it: %w", id, err)
+	}
+	return &d, nil
 }
 
 // Upload stores r as image id's data (a snapshot the controller waits for).

@@ -25,10 +25,11 @@ import (
 // Ceph is a one-node Ceph cluster for tests, made as
 // /work/shared/ceph/one-node.sh makes one: a monitor, a manager and one
 // BlueStore OSD on a sparse file, as plain processes in a temporary
-// directory, the monitor on free ports of 127.0.0.1. It has two
-// rbd-initialised pools, VolumesPool and BackupsPool (Cinder's
-// rbd_pool and backup_ceph_pool), and a client with Cinder's caps on
-// them (profile rbd), whose keyring is Keyring.
+// directory, the monitor on free ports of 127.0.0.1. It has three
+// rbd-initialised pools, VolumesPool, BackupsPool and ImagesPool
+// (Cinder's rbd_pool and backup_ceph_pool, Glance's rbd_store_pool),
+// and a client with rbd caps on them (profile rbd), whose keyring is
+// Keyring.
 type Ceph struct {
 	Dir      string   // the cluster's directory
 	Conf     string   // ceph.conf: monitors and client settings, no keys
@@ -45,7 +46,11 @@ type Ceph struct {
 const (
 	VolumesPool = "volumes"
 	BackupsPool = "backups"
+	ImagesPool  = "images"
 )
+
+// pools are the pools every test cluster has.
+var pools = []string{VolumesPool, BackupsPool, ImagesPool}
 
 // cephTools are the programs a test cluster needs (Debian's ceph-mon,
 // ceph-mgr, ceph-osd and ceph-common).
@@ -311,7 +316,7 @@ func NewCeph(ctx context.Context, dir string) (c *Ceph, err error) {
 		return nil, err
 	}
 	// Pools are monitor work: made while the OSD boots.
-	for _, pool := range []string{VolumesPool, BackupsPool} {
+	for _, pool := range pools {
 		if _, err := admin("osd", "pool", "create", pool, "8", "8"); err != nil {
 			return nil, err
 		}
@@ -326,14 +331,16 @@ func NewCeph(ctx context.Context, dir string) (c *Ceph, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	for _, pool := range []string{VolumesPool, BackupsPool} {
+	for _, pool := range pools {
 		if _, err := run("", "rbd", "--conf", c.Conf, "--keyring", c.adminKeyring, "--id", "admin", "pool", "init", pool); err != nil {
 			return nil, err
 		}
 	}
-	// The client Cinder's deployment guides make: rbd profiles on its pools only.
+	// The client Cinder's deployment guides make, rbd profiles on its
+	// pools only; Nimbus's image store reaches the images pool as the
+	// same client.
 	keyring, err := admin("auth", "get-or-create", "client."+c.Client, "mon", "profile rbd", "mgr", "profile rbd",
-		"osd", "profile rbd pool="+VolumesPool+", profile rbd pool="+BackupsPool)
+		"osd", "profile rbd pool="+VolumesPool+", profile rbd pool="+BackupsPool+", profile rbd pool="+ImagesPool)
 	if err != nil {
 		return nil, err
 	}

@@ -45,12 +45,6 @@ func (c *Cloud) bootstrap(ctx context.Context) error {
 	if sec.DemoPassword == "" {
 		sec.DemoPassword = firstNonEmpty(c.Config.DemoPassword, identity.GeneratePassword(20))
 	}
-	b, _ := json.MarshalIndent(sec, "", "  ")
-	if err := writePrivate(path, b); err != nil {
-		return err
-	}
-	c.Secrets = sec
-
 	accounts := []identity.Account{{User: AdminUser, Password: sec.AdminPassword, Project: AdminProject, Role: "admin"}}
 	if !c.Config.NoDemo {
 		// Made on the first start only: an operator who deletes it is not
@@ -61,6 +55,33 @@ func (c *Cloud) bootstrap(ctx context.Context) error {
 	if err := c.Identity.Bootstrap(ctx, accounts...); err != nil {
 		return fmt.Errorf("cloud: bootstrap identity: %w", err)
 	}
+	// Accounts made before keep their passwords: a controller started on
+	// another's database without its secrets.json (a region's second)
+	// writes none rather than passwords of its own the accounts never took.
+	for _, a := range []struct {
+		user string
+		pw   *string
+	}{{AdminUser, &sec.AdminPassword}, {DemoUser, &sec.DemoPassword}} {
+		if _, err := c.Identity.UserByName(ctx, a.user); errors.Is(err, store.ErrNotFound) {
+			continue // no demo customer (--no-demo, or the operator deleted it)
+		} else if err != nil {
+			return fmt.Errorf("cloud: bootstrap identity: %w", err)
+		}
+		ok, err := c.Identity.PasswordMatches(ctx, a.user, *a.pw)
+		if err != nil {
+			return fmt.Errorf("cloud: bootstrap identity: %w", err)
+		}
+		if !ok {
+			c.Config.Log.Warn("cloud: the account's password is not the one this data directory has: its client files get none; "+
+				"copy secrets.json from the first controller, or give the password", "user", a.user, "file", path)
+			*a.pw = ""
+		}
+	}
+	b, _ := json.MarshalIndent(sec, "", "  ")
+	if err := writePrivate(path, b); err != nil {
+		return err
+	}
+	c.Secrets = sec
 	if err := c.Images.Bootstrap(ctx); err != nil {
 		return fmt.Errorf("cloud: bootstrap images: %w", err)
 	}

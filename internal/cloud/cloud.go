@@ -131,7 +131,9 @@ type Config struct {
 	Panel PanelOptions
 	// Volumes chooses where block storage keeps the volumes' data.
 	Volumes VolumeOptions
-	Log     *slog.Logger
+	// ImageData chooses where the image service keeps image data.
+	ImageData ImageOptions
+	Log       *slog.Logger
 }
 
 // HTTPLimits bound what slow or numerous connections can hold on every
@@ -340,7 +342,10 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		{Type: "billing", Name: "nimbus-billing", URL: c.BillingURL},
 		{Type: "dashboard", Name: "nimbus-panel", URL: c.PanelURL},
 	})
-	c.Images = image.New(db, filepath.Join(cfg.DataDir, "images"))
+	if c.Images, err = newImages(cfg, db); err != nil {
+		closeAll(lns)
+		return nil, err
+	}
 	bcfg := cfg.Billing
 	bcfg.Log = cfg.Log
 	c.Billing = billing.New(db, bcfg)
@@ -370,7 +375,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	vcfg.DB, vcfg.Images, vcfg.Billing = db, c.Images, c.Billing
 	c.Volumes = volume.New(vcfg)
 	c.Fleet = fleet.New(db, fleet.Config{DownAfter: cfg.DownAfter, OpTimeout: cfg.OpTimeout, Log: cfg.Log})
-	c.Fleet.SetImages(hostImages{c.Images})
+	c.Fleet.SetImages(hostImages{s: c.Images, direct: cfg.Volumes.Backend == VolumeBackendRBD})
 	c.Driver = c.Fleet
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks, Volumes: c.Volumes,
 		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, ConsoleURL: c.ConsoleURL, Leases: c.Leases, Log: cfg.Log})

@@ -223,6 +223,10 @@ func (s *Service) reloadSched(ctx context.Context) (*scheduler.State, error) {
 	if st := v.state.Load(); st != nil && v.loadedAt.Load() >= asked {
 		return st, nil // loaded by another caller while this one waited
 	}
+	// A reload answers from the store: hosts and zones another controller
+	// changed within hostCacheTTL (an agent registered through it) count.
+	s.hosts.invalidate()
+	s.zones.invalidate()
 	st := scheduler.New(v.policy)
 	v.hostKeys = map[string]uint64{}
 	if err := s.refreshSchedHosts(ctx, st, true); err != nil {

@@ -402,3 +402,25 @@ func waitActive(t *testing.T, s *Service, id string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestPlaceHostUpElsewhere: a host that came up through another
+// controller (its agent registered there) is placed on at once, not after
+// this controller's host cache expires: a placement that falls short
+// reloads from the store.
+func TestPlaceHostUpElsewhere(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		e := newUnitEnv(t, dbURL, unitHost("u-1"))
+		e.drv.SetHostUp("u-1", false)
+		a := e.service()
+		for range 2 { // the first look makes the host's service row, which drops the cache
+			if _, err := a.schedState(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.drv.SetHostUp("u-1", true)
+		j, keys := job(t, a, 1, 1, -1)
+		if err := a.place(t.Context(), j); err != nil || len(*keys) != 1 {
+			t.Fatalf("host up elsewhere: %v, %d placed; want 1", err, len(*keys))
+		}
+	})
+}

@@ -405,6 +405,22 @@ type ImageStore interface {
 	Upload(ctx context.Context, id, diskFormat string, r io.Reader) error
 }
 
+// ImageDirect is where a host reads an image's data itself: the snapshot
+// Snapshot of the RBD image of Conn (pool, image, client, key, monitors;
+// SizeBytes the data's size), as QEMU's rbd driver opens volumes.
+type ImageDirect struct {
+	Conn     VolumeConn `json:"conn"`
+	Snapshot string     `json:"snapshot"`
+}
+
+// DirectImages is implemented by an ImageStore that can say where a host
+// reads an image's data itself rather than through Open.
+type DirectImages interface {
+	// Direct is image id's data for the host to read itself; nil (and no
+	// error) when there is none such and Open is the way.
+	Direct(ctx context.Context, id string) (*ImageDirect, error)
+}
+
 // ImageUser is implemented by drivers that need an ImageStore; the agent
 // sets it before it runs any op.
 type ImageUser interface {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"nimbus/internal/api"
+	"nimbus/internal/driver"
 	"nimbus/internal/fleet/wire"
 	"nimbus/internal/store"
 )
@@ -23,6 +24,9 @@ type Images interface {
 	SnapshotOf(ctx context.Context, id string) (serverID string, err error)
 	// FinishSnapshot stores a snapshot's data and makes the image active.
 	FinishSnapshot(ctx context.Context, id, diskFormat string, r io.Reader) error
+	// Direct is where a host reads an active image's data itself; nil
+	// when only Open reads it.
+	Direct(ctx context.Context, id string) (*driver.ImageDirect, error)
 }
 
 // SetImages gives the agent API the image service.
@@ -56,6 +60,19 @@ func (s *Service) handleImage(w http.ResponseWriter, r *http.Request, agent stri
 		if !named {
 			s.log.Warn("fleet: image read refused: no op of this agent names it", "agent", agent, "image", id)
 			writeError(w, &apiError{http.StatusNotFound, wire.CodeNotFound, "no such image"})
+			return
+		}
+		if r.URL.RawQuery == wire.QueryDirect {
+			d, err := im.Direct(ctx, id)
+			if err != nil {
+				s.failImage(w, r, err)
+				return
+			}
+			if d == nil {
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+			writeJSON(w, http.StatusOK, d)
 			return
 		}
 		rc, size, format, err := im.Open(ctx, id)

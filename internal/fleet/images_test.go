@@ -26,6 +26,16 @@ type memImages struct {
 	data   map[string][]byte
 	format map[string]string
 	of     map[string]string // snapshot → server
+	direct map[string]*driver.ImageDirect
+}
+
+func (m *memImages) Direct(ctx context.Context, id string) (*driver.ImageDirect, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.data[id]; !ok {
+		return nil, store.ErrNotFound
+	}
+	return m.direct[id], nil
 }
 
 func (m *memImages) Open(ctx context.Context, id string) (io.ReadCloser, int64, string, error) {
@@ -79,7 +89,9 @@ func TestImageTransfer(t *testing.T) {
 		}
 		// snap is compute's snapshot of s1; forged is a customer's image
 		// naming s1 as its instance_uuid, which no snapshot op names.
-		im := &memImages{data: data, format: format, of: map[string]string{"snap": "s1", "forged": "s1", "base": ""}}
+		im := &memImages{data: data, format: format, of: map[string]string{"snap": "s1", "forged": "s1", "base": ""},
+			direct: map[string]*driver.ImageDirect{"base": {Conn: driver.VolumeConn{Driver: driver.VolumeRBD, Pool: "images",
+				Image: "base", User: "nimbus", Key: "a2V5", Monitors: []string{"192.0.2.1:6789"}, SizeBytes: 10}, Snapshot: "snap"}}}
 		c.svc.SetImages(im)
 		pl := &placements{}
 		c.svc.SetPlacements(pl)
@@ -120,7 +132,14 @@ func TestImageTransfer(t *testing.T) {
 				if st != tc.want {
 					t.Errorf("%s: status %d (%s), want %d", tc.name, st, body, tc.want)
 				}
-				if st == 200 && body != tc.image+" bytes" {
+				img, direct := strings.CutSuffix(tc.image, "?"+wire.QueryDirect)
+				switch {
+				case st == 200 && direct:
+					var d driver.ImageDirect
+					if err := json.Unmarshal([]byte(body), &d); err != nil || d.Conn.Image != img || d.Snapshot != "snap" || d.Conn.Key == "" {
+						t.Errorf("%s: got %q (%v)", tc.name, body, err)
+					}
+				case st == 200 && body != tc.image+" bytes":
 					t.Errorf("%s: got %q", tc.name, body)
 				}
 			}
@@ -139,6 +158,10 @@ func TestImageTransfer(t *testing.T) {
 			{"another agent reads the image", "GET", "base", "b", "", 404},
 			{"unknown image", "GET", "nope", "a", "", 404},
 			{"bad method", "DELETE", "base", "a", "", 405},
+			{"where the host reads its image itself", "GET", "base?" + wire.QueryDirect, "a", "", 200},
+			{"an image the host reads only through the API", "GET", "kernel?" + wire.QueryDirect, "a", "", 204},
+			{"where an image no op names is", "GET", "other?" + wire.QueryDirect, "a", "", 404},
+			{"where another agent's image is", "GET", "base?" + wire.QueryDirect, "b", "", 404},
 		})
 		finish()
 		run([]tc{{"the image once the spawn is done", "GET", "base", "a", "", 404}})

@@ -18,7 +18,7 @@ import (
 // versions were named; one too old is told to upgrade (426), one newer
 // than its controller that the controllers go first.
 func TestAgentProtocol(t *testing.T) {
-	c := newController(t, "file:"+filepath.Join(t.TempDir(), "fleet.db"), fleet.Config{})
+	c := newController(t, filepath.Join(t.TempDir(), "fleet.db"), fleet.Config{})
 	hc := c.srv.Client()
 	for _, tc := range []struct {
 		header     string // "" sends none

@@ -5,11 +5,14 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
 
 	"golang.org/x/crypto/argon2"
+
+	"nimbus/internal/store"
 )
 
 // Argon2id parameters: OWASP's minimum for argon2id (19 MiB, 2 passes, 1 lane),
@@ -51,6 +54,19 @@ func hashArgon2id(pw string) string {
 	enc := base64.RawStdEncoding
 	return fmt.Sprintf("$argon2id$v=%d$m=%d,t=%d,p=%d$%s$%s",
 		argon2.Version, argonMemory, argonTime, argonThreads, enc.EncodeToString(salt), enc.EncodeToString(key))
+}
+
+// PasswordMatches reports whether the default domain's user name has
+// password pw, without counting a failed login (false for no such user).
+func (s *Service) PasswordMatches(ctx context.Context, name, pw string) (bool, error) {
+	u, err := getUserByName(ctx, s.db, DefaultDomainID, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return pw != "" && CheckPassword(u.PasswordHash, pw), nil
 }
 
 // CheckPassword reports whether pw matches an encoded hash.

@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -169,7 +168,14 @@ func (s *Service) Bootstrap(ctx context.Context) error {
 	if err := s.meterUnmetered(ctx); err != nil {
 		return err
 	}
-	return s.ensurePlaceholders(ctx)
+	if err := s.ensurePlaceholders(ctx); err != nil {
+		return err
+	}
+	// Housekeeping: a failure here costs space, not service.
+	if err := s.sweepStaged(ctx, ""); err != nil {
+		s.log.Warn("image store: sweeping data of ended uploads", "error", err)
+	}
+	return nil
 }
 
 // meterUnmetered starts charging, from now, the stored images that have
@@ -233,7 +239,9 @@ func catalogRecord(ci CatalogImage, owner string, now time.Time) *Image {
 }
 
 // ensurePlaceholders writes the stand-in data of every registered catalog
-// image that still carries its placeholder and has no file.
+// image that still carries its placeholder and whose data is missing:
+// into the backend's store, which for the rbd backend is also where data
+// a file-backed start placed goes (the record follows).
 func (s *Service) ensurePlaceholders(ctx context.Context) error {
 	for _, ci := range Catalog {
 		id := CatalogID(ci.Name)
@@ -247,39 +255,37 @@ func (s *Service) ensurePlaceholders(ctx context.Context) error {
 		if img.Properties["nimbus_placeholder"] != "true" || !img.HasData() {
 			continue
 		}
-		if _, err := os.Stat(s.dataPath(id)); err == nil {
-			continue
+		if img.Location != "" || s.rbd == nil {
+			ok, err := s.dataExists(ctx, id, img.Location)
+			if err != nil {
+				return err
+			}
+			if ok {
+				continue
+			}
 		}
-		if err := s.writeFile(id, placeholder(ci.Name)); err != nil {
+		if err := s.placeData(ctx, img, placeholder(ci.Name)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// writeFile places data as an image's file through a temporary file, so a
-// crash never leaves a partial file under the image's name.
-func (s *Service) writeFile(id string, data []byte) error {
-	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
-		return fmt.Errorf("image store: %w", err)
-	}
-	f, err := os.CreateTemp(s.dataDir, ".upload-"+id+"-*")
+// placeData writes data, the same on every controller, as image img's
+// into the backend, and records its location unless another controller
+// moved it meanwhile.
+func (s *Service) placeData(ctx context.Context, img *Image, data []byte) error {
+	staged, err := s.stage(ctx, img.ID, bytes.NewReader(data))
 	if err != nil {
 		return fmt.Errorf("image store: %w", err)
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), s.dataPath(id))
-	}
+	loc, err := s.commit(ctx, staged, img.ID, true)
 	if err != nil {
-		os.Remove(f.Name())
 		return fmt.Errorf("image store: %w", err)
 	}
-	return nil
+	if loc == img.Location {
+		return nil
+	}
+	_, err = s.db.Exec(ctx, "UPDATE images SET location = ? WHERE id = ? AND location = ?", loc, img.ID, img.Location)
+	return err
 }

@@ -11,7 +11,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -26,9 +25,8 @@ const hashAlgo = "sha512"
 
 func (s *Service) dataPath(id string) string { return filepath.Join(s.dataDir, id) }
 
-// DataPath is where an image's data lives once it is active, for a driver
-// that reads it directly. Images marked nimbus_placeholder="true" hold only
-// a stand-in payload there.
+// DataPath is where the file store keeps image id's data ("" for an id
+// that is not a UUID); an image whose location is in Ceph has none there.
 func (s *Service) DataPath(id string) string {
 	if !uuidPattern.MatchString(id) {
 		return ""
@@ -116,21 +114,17 @@ func virtualSize(diskFormat string, head []byte, size int64) int64 {
 	return 0
 }
 
-// storeData streams data into a temporary file beside the image store,
-// hashing it on the way, then renames it into place and marks the saving
+// storeData streams data into the store under a staging name, hashing
+// it on the way, then commits it as the image's data and marks the saving
 // image active. Data of declared bytes (-1: unknown) that would not fit
 // in the owner's image_size_total is refused before it is read, and data
 // that outgrows it is cut off as soon as it does. On any failure the
-// temporary file is removed and the image goes back to queued, as
-// Glance's _restore does.
+// staged data is removed and the image goes back to queued, as Glance's
+// _restore does.
 func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader, declared int64) (err error) {
-	tmpName := ""
 	defer func() {
 		if err == nil {
 			return
-		}
-		if tmpName != "" {
-			os.Remove(tmpName)
 		}
 		// Detached from the request: the client may be gone.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -147,40 +141,27 @@ func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader, dec
 			return err
 		}
 	}
-	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
-		return fmt.Errorf("image store: %w", err)
-	}
-	f, err := os.CreateTemp(s.dataDir, ".upload-"+img.ID+"-*")
-	if err != nil {
-		return fmt.Errorf("image store: %w", err)
-	}
-	tmpName = f.Name()
-	md, sh, head := md5.New(), sha512.New(), &prefix{}
+	md, sh, head, count := md5.New(), sha512.New(), &prefix{}, &counter{}
 	src := &readTracker{r: data}
 	var in io.Reader = src
 	if left := rm.left(); left >= 0 {
 		in = &capReader{r: src, left: left}
 	}
-	n, err := io.Copy(io.MultiWriter(f, md, sh, head), in)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	staged, err := s.stage(ctx, img.ID, io.TeeReader(in, io.MultiWriter(md, sh, head, count)))
 	if err != nil {
 		if src.err != nil {
 			return &readError{src.err}
 		}
 		if errors.Is(err, errQuota) {
-			return rm.check(img.Owner, n)
+			return rm.check(img.Owner, count.n)
 		}
-		return fmt.Errorf("image store: %w", err)
+		return s.goneOr(ctx, img.ID, fmt.Errorf("image store: %w", err))
 	}
-	if err := os.Rename(tmpName, s.dataPath(img.ID)); err != nil {
-		return fmt.Errorf("image store: %w", err)
+	n := count.n
+	loc, err := s.commit(ctx, staged, img.ID, false)
+	if err != nil {
+		return s.goneOr(ctx, img.ID, fmt.Errorf("image store: %w", err))
 	}
-	tmpName = ""
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
 		cur, err := getImage(ctx, tx, img.ID)
 		if err != nil {
@@ -195,6 +176,7 @@ func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader, dec
 		cur.Size, cur.Checksum = n, hex.EncodeToString(md.Sum(nil))
 		cur.OSHashAlgo, cur.OSHashValue = hashAlgo, hex.EncodeToString(sh.Sum(nil))
 		cur.VirtualSize = virtualSize(cur.DiskFormat, head.b, n)
+		cur.Location = loc
 		if cur.Licence, err = dataLicence(ctx, tx, cur); err != nil {
 			return err
 		}
@@ -205,12 +187,38 @@ func (s *Service) storeData(ctx context.Context, img *Image, data io.Reader, dec
 	})
 	if err != nil {
 		// The record is gone or changed under us: drop the data we placed.
-		os.Remove(s.dataPath(img.ID))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if rerr := s.removeData(rctx, img.ID, loc); rerr != nil {
+			s.log.Warn("image store: data of a failed upload left", "image", img.ID, "location", loc, "error", rerr)
+		}
 		if errors.Is(err, store.ErrNotFound) {
-			return api.Errorf(http.StatusGone, "Image %s could not be found after upload. The image may have been deleted during the upload.", img.ID)
+			return gone(img.ID)
 		}
 	}
 	return err
+}
+
+// gone is Glance's answer to an upload whose image was deleted meanwhile.
+func gone(id string) error {
+	return api.Errorf(http.StatusGone, "Image %s could not be found after upload. The image may have been deleted during the upload.", id)
+}
+
+// goneOr is gone when image id was deleted while its data was stored
+// (which removes what it staged), else err.
+func (s *Service) goneOr(ctx context.Context, id string, err error) error {
+	if _, gerr := getImage(context.WithoutCancel(ctx), s.db, id); errors.Is(gerr, store.ErrNotFound) {
+		return gone(id)
+	}
+	return err
+}
+
+// counter counts the bytes written to it.
+type counter struct{ n int64 }
+
+func (c *counter) Write(p []byte) (int, error) {
+	c.n += int64(len(p))
+	return len(p), nil
 }
 
 func (s *Service) uploadData(r *http.Request) (*api.Response, error) {
@@ -265,19 +273,13 @@ func (s *Service) downloadData(r *http.Request) (*api.Response, error) {
 	if !img.HasData() || (img.Status != StatusActive && img.Status != StatusDeactivated) {
 		return api.Empty(http.StatusNoContent), nil
 	}
-	f, err := os.Open(s.dataPath(img.ID))
-	if errors.Is(err, os.ErrNotExist) {
+	f, size, err := s.openData(r.Context(), img.ID, img.Location)
+	if errors.Is(err, errNoData) {
 		return nil, api.NotFound("Image data for %s could not be found.", img.ID)
 	}
 	if err != nil {
 		return nil, err
 	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	size := st.Size()
 	if rng := r.Header.Get("Range"); rng != "" {
 		// glance/api/v2/image_data.py download serves one byte range as 206.
 		start, end, ok := parseRange(rng, size)
@@ -287,10 +289,11 @@ func (s *Service) downloadData(r *http.Request) (*api.Response, error) {
 			e.Header = http.Header{"Content-Range": {"bytes */" + strconv.FormatInt(size, 10)}}
 			return nil, e
 		}
-		body := struct {
-			io.Reader
-			io.Closer
-		}{io.NewSectionReader(f, start, end-start+1), f}
+		body, err := section(f, start, end-start+1)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
 		resp := &api.Response{Status: http.StatusPartialContent, Body: body}
 		return resp.WithHeader("Content-Type", "application/octet-stream").
 			WithHeader("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, end, size)).
@@ -300,6 +303,24 @@ func (s *Service) downloadData(r *http.Request) (*api.Response, error) {
 	return resp.WithHeader("Content-Type", "application/octet-stream").
 		WithHeader("Content-MD5", img.Checksum).
 		WithHeader("Content-Length", strconv.FormatInt(size, 10)), nil
+}
+
+// section reads n bytes of f from offset start: seeking in a file,
+// skipping the bytes before in a stream (an RBD export).
+func section(f io.ReadCloser, start, n int64) (io.ReadCloser, error) {
+	if ra, ok := f.(io.ReaderAt); ok {
+		return struct {
+			io.Reader
+			io.Closer
+		}{io.NewSectionReader(ra, start, n), f}, nil
+	}
+	if _, err := io.CopyN(io.Discard, f, start); err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(f, n), f}, nil
 }
 
 // parseRange reads a single "bytes=a-b", "bytes=a-" or "bytes=-n" range

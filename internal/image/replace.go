@@ -1,6 +1,7 @@
 package image
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -37,12 +38,13 @@ func (s *Service) replaceData(r *http.Request) (*api.Response, error) {
 		return nil, api.BadRequest("'from' must be the id of an active image holding the new data")
 	}
 	var out *Image
-	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
-		dst, err := s.lookup(r.Context(), tx, r)
+	ctx := r.Context()
+	err := s.db.Tx(ctx, func(tx *store.Tx) error {
+		dst, err := s.lookup(ctx, tx, r)
 		if err != nil {
 			return err
 		}
-		src, err := getImage(r.Context(), tx, req.From)
+		src, err := getImage(ctx, tx, req.From)
 		if errors.Is(err, store.ErrNotFound) {
 			return api.NotFound("No image found with ID %s", req.From)
 		}
@@ -52,16 +54,33 @@ func (s *Service) replaceData(r *http.Request) (*api.Response, error) {
 		if err := checkReplace(dst, src); err != nil {
 			return err
 		}
+		old, renamed := dst.Location, false
 		swapData(dst, src)
-		if err := updateImage(r.Context(), tx, dst); err != nil {
+		if err := updateImage(ctx, tx, dst); err != nil {
 			return err
 		}
-		if err := s.deleteRow(r.Context(), tx, src.ID); err != nil {
+		// The staging image goes; its data is dst's now.
+		if err := s.dropRow(ctx, tx, src.ID); err != nil {
 			return err
 		}
-		// Last, so that a failure to move the file rolls the records back.
-		if err := os.Rename(s.dataPath(src.ID), s.dataPath(dst.ID)); err != nil {
-			return fmt.Errorf("image store: %w", err)
+		if src.Location == "" {
+			// Last, so that a failure to move the file rolls the records
+			// back; it takes the place of dst's old file.
+			if err := os.Rename(s.dataPath(src.ID), s.dataPath(dst.ID)); err != nil {
+				return fmt.Errorf("image store: %w", err)
+			}
+			renamed = true
+		}
+		if !renamed || old != "" {
+			// dst's old data once the swap is committed. Data volumes
+			// are cloned from stays until they go.
+			tx.AfterCommit(func() {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+				defer cancel()
+				if err := s.removeData(rctx, dst.ID, old); err != nil {
+					s.log.Warn("image store: replaced data left", "image", dst.ID, "location", old, "error", err)
+				}
+			})
 		}
 		out = dst
 		return nil
@@ -93,6 +112,7 @@ func swapData(dst, src *Image) {
 	dst.Size, dst.VirtualSize, dst.Checksum = src.Size, src.VirtualSize, src.Checksum
 	dst.OSHashAlgo, dst.OSHashValue = src.OSHashAlgo, src.OSHashValue
 	dst.DiskFormat, dst.ContainerFormat = src.DiskFormat, src.ContainerFormat
+	dst.Location = src.Location
 	if dst.Licence == "" {
 		dst.Licence = src.Licence // licensed data stays licensed
 	}

@@ -9,7 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -19,6 +19,7 @@ import (
 
 	"nimbus/internal/api"
 	"nimbus/internal/metering"
+	"nimbus/internal/rbd"
 	"nimbus/internal/store"
 )
 
@@ -43,6 +44,10 @@ type Image struct {
 	// the API, so that re-uploading or re-labelling licensed data does not
 	// drop the licence its servers pay for.
 	Licence string
+	// Location is where the data is (store.go): "" for the file store,
+	// rbd://fsid/pool/image/snap for Ceph. Set by the image service
+	// alone, never shown or taken by the API.
+	Location string
 }
 
 // HasData reports whether image data has been stored.
@@ -80,6 +85,8 @@ const (
 type Service struct {
 	db      *store.DB
 	dataDir string
+	rbd     *rbd.Store // the rbd backend (store.go); nil: files in dataDir
+	log     *slog.Logger
 	gate    SpendGate // asked before a customer stores data; nil: never
 	// projects finds the operator's project, owner of the catalog; nil:
 	// the catalog is no project's.
@@ -96,7 +103,12 @@ type Projects interface {
 func (s *Service) SetProjects(p Projects) { s.projects = p }
 
 // New makes the image service; image data lives under dataDir.
-func New(db *store.DB, dataDir string) *Service { return &Service{db: db, dataDir: dataDir} }
+func New(db *store.DB, dataDir string) *Service {
+	return &Service{db: db, dataDir: dataDir, log: slog.Default()}
+}
+
+// SetLog sets the service's logger.
+func (s *Service) SetLog(l *slog.Logger) { s.log = l }
 
 // Routes is the image API's route table.
 func (s *Service) Routes() []api.Route {
@@ -252,11 +264,11 @@ func (s *Service) Open(ctx context.Context, id string) (io.ReadCloser, *Image, e
 	if img.Status != StatusActive || !img.HasData() {
 		return nil, nil, api.Conflict("Image %s is %s: it has no data to read.", id, img.Status)
 	}
-	f, err := os.Open(s.dataPath(img.ID))
+	rc, _, err := s.openData(ctx, img.ID, img.Location)
 	if err != nil {
-		return nil, nil, fmt.Errorf("image store: %w", err)
+		return nil, nil, fmt.Errorf("image store: image %s: %w", id, err)
 	}
-	return f, img, nil
+	return rc, img, nil
 }
 
 // Backups lists, newest first, the backup images (Nova's createBackup) of
@@ -282,7 +294,8 @@ func (s *Service) Backups(ctx context.Context, owner, instance, backupType strin
 }
 
 // Delete removes an image and its data (used for shelved-server images). It
-// makes no policy checks; store.ErrNotFound when there is no such image.
+// makes no policy checks; store.ErrNotFound when there is no such image,
+// a 409 while volumes are cloned from its data.
 func (s *Service) Delete(ctx context.Context, id string) error {
 	return s.db.Tx(ctx, func(tx *store.Tx) error { return s.deleteRow(ctx, tx, id) })
 }
@@ -306,9 +319,38 @@ func meter(ctx context.Context, q store.Querier, img *Image) error {
 	return metering.Set(ctx, q, kind, img.ID, img.Owner, spec, time.Now())
 }
 
-// deleteRow removes the record (members cascade) and, once committed, the
-// data file.
+// deleteRow removes the record (members cascade) and its data: a file
+// once the transaction commits; an RBD image before, so that one volumes
+// are cloned from refuses (409) and the record stays, as Glance deletes
+// the data first. What an upload of a saving image placed goes too.
 func (s *Service) deleteRow(ctx context.Context, tx *store.Tx, id string) error {
+	img, err := getImage(ctx, tx, id)
+	if err != nil {
+		return err
+	}
+	if err := s.dropRow(ctx, tx, id); err != nil {
+		return err
+	}
+	if img.Location != "" {
+		if err := s.removeData(ctx, id, img.Location); err != nil {
+			return err
+		}
+	}
+	tx.AfterCommit(func() {
+		if img.Location == "" {
+			s.removeData(ctx, id, "")
+		}
+		if img.Status == StatusSaving {
+			if err := s.dropUnfinished(context.WithoutCancel(ctx), id); err != nil {
+				s.log.Warn("image store: data of a deleted image's upload left", "image", id, "error", err)
+			}
+		}
+	})
+	return nil
+}
+
+// dropRow removes the record, its members and its charge, not its data.
+func (s *Service) dropRow(ctx context.Context, tx *store.Tx, id string) error {
 	// The image's data stops being billed when it goes.
 	if err := metering.Set(ctx, tx, metering.KindImage, id, "", nil, time.Now()); err != nil {
 		return err
@@ -323,14 +365,14 @@ func (s *Service) deleteRow(ctx context.Context, tx *store.Tx, id string) error 
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.ErrNotFound
 	}
-	tx.AfterCommit(func() { os.Remove(s.dataPath(id)) })
 	return nil
 }
 
 // --- storage of records ---
 
 const imageCols = `id, name, status, visibility, owner, protected, os_hidden, disk_format, container_format,
-	size, virtual_size, checksum, os_hash_algo, os_hash_value, min_disk, min_ram, tags, properties, created_at, updated_at, licence`
+	size, virtual_size, checksum, os_hash_algo, os_hash_value, min_disk, min_ram, tags, properties, created_at, updated_at, licence,
+	location`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -340,7 +382,7 @@ func scanImage(row scanner) (*Image, error) {
 	var tags, props, created, updated string
 	err := row.Scan(&img.ID, &img.Name, &img.Status, &img.Visibility, &img.Owner, &protected, &hidden,
 		&img.DiskFormat, &img.ContainerFormat, &img.Size, &img.VirtualSize, &img.Checksum, &img.OSHashAlgo,
-		&img.OSHashValue, &img.MinDisk, &img.MinRAM, &tags, &props, &created, &updated, &img.Licence)
+		&img.OSHashValue, &img.MinDisk, &img.MinRAM, &tags, &props, &created, &updated, &img.Licence, &img.Location)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, store.ErrNotFound
@@ -372,11 +414,11 @@ func getImage(ctx context.Context, q store.Querier, id string) (*Image, error) {
 func insertImage(ctx context.Context, q store.Querier, img *Image) error {
 	img.Licence = publishedLicence(img)
 	_, err := q.Exec(ctx, "INSERT INTO images ("+imageCols+`) VALUES
-		(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		img.ID, img.Name, img.Status, img.Visibility, img.Owner, b2i(img.Protected), b2i(img.OSHidden),
 		img.DiskFormat, img.ContainerFormat, img.Size, img.VirtualSize, img.Checksum, img.OSHashAlgo,
 		img.OSHashValue, img.MinDisk, img.MinRAM, store.JSON(img.Tags), store.JSON(img.Properties),
-		store.FormatTime(img.CreatedAt), store.FormatTime(img.UpdatedAt), img.Licence)
+		store.FormatTime(img.CreatedAt), store.FormatTime(img.UpdatedAt), img.Licence, img.Location)
 	return err
 }
 
@@ -386,11 +428,11 @@ func updateImage(ctx context.Context, q store.Querier, img *Image) error {
 	res, err := q.Exec(ctx, `UPDATE images SET name = ?, status = ?, visibility = ?, owner = ?, protected = ?,
 		os_hidden = ?, disk_format = ?, container_format = ?, size = ?, virtual_size = ?, checksum = ?,
 		os_hash_algo = ?, os_hash_value = ?, min_disk = ?, min_ram = ?, tags = ?, properties = ?, updated_at = ?,
-		licence = ? WHERE id = ?`,
+		licence = ?, location = ? WHERE id = ?`,
 		img.Name, img.Status, img.Visibility, img.Owner, b2i(img.Protected), b2i(img.OSHidden),
 		img.DiskFormat, img.ContainerFormat, img.Size, img.VirtualSize, img.Checksum, img.OSHashAlgo,
 		img.OSHashValue, img.MinDisk, img.MinRAM, store.JSON(img.Tags), store.JSON(img.Properties),
-		store.FormatTime(img.UpdatedAt), img.Licence, img.ID)
+		store.FormatTime(img.UpdatedAt), img.Licence, img.Location, img.ID)
 	if err != nil {
 		return err
 	}

@@ -217,13 +217,19 @@ func (s *Store) run(ctx context.Context, c cmd) ([]byte, error) {
 	if ctx.Err() != nil {
 		err = fmt.Errorf("%v after %v: %w", err, timeout, ctx.Err())
 	}
+	return nil, cmdError(append([]string{c.name}, c.args...), &stderr, err)
+}
+
+// cmdError is a failed command's error, with the errno its last
+// message names.
+func cmdError(args []string, stderr *tailBuffer, err error) *CmdError {
 	msg := stderr.text()
-	e := &CmdError{Args: append([]string{c.name}, c.args...), Stderr: msg, Err: err}
+	e := &CmdError{Args: args, Stderr: msg, Err: err}
 	if m := errnoRE.FindAllStringSubmatch(msg, -1); m != nil {
 		n, _ := strconv.Atoi(m[len(m)-1][1])
 		e.Errno = syscall.Errno(n)
 	}
-	return nil, e
+	return e
 }
 
 // rbd runs the rbd tool as the store's client.

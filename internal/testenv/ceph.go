@@ -13,6 +13,7 @@ type Ceph = cephtest.Ceph
 const (
 	VolumesPool = cephtest.VolumesPool
 	BackupsPool = cephtest.BackupsPool
+	ImagesPool  = cephtest.ImagesPool
 )
 
 // StartCeph brings up a cluster of the test's own (cephtest.StartCeph).

@@ -64,13 +64,49 @@ func (r *rbdBackend) makeVolume(ctx context.Context, v *volRow) error {
 	case v.SourceVolID != "":
 		return r.vols.CloneVolume(ctx, rbd.VolumeName(v.SourceVolID), name, size)
 	case v.ImageID != "":
-		_, src, format, err := r.s.imageSource(ctx, v)
+		if l, ok, err := r.cloneable(ctx, v); err != nil || ok {
+			if err != nil {
+				return err
+			}
+			return r.vols.CloneImage(ctx, l, name, size)
+		}
+		_, src, format, done, err := r.s.imageSource(ctx, v)
 		if err != nil {
 			return err
 		}
+		defer done()
 		return r.vols.ImportImage(ctx, name, src, format, size)
 	}
 	return r.vols.Create(ctx, name, size)
+}
+
+// cloneable is where volume v's image is in Ceph when the volume can be
+// a copy-on-write clone of it, as Cinder's _is_cloneable decides: raw
+// data (a clone is read as the disk itself) in this cluster (the
+// location's fsid). A raw image larger than the volume is refused.
+func (r *rbdBackend) cloneable(ctx context.Context, v *volRow) (rbd.Location, bool, error) {
+	if r.s.images == nil {
+		return rbd.Location{}, false, errors.New("no image service")
+	}
+	im, err := r.s.images.Get(ctx, v.ProjectID, true, v.ImageID)
+	if err != nil {
+		return rbd.Location{}, false, fmt.Errorf("image %s: %w", v.ImageID, err)
+	}
+	if im.DiskFormat != "raw" {
+		return rbd.Location{}, false, nil
+	}
+	l, ok, err := r.s.images.RBDLocation(ctx, v.ImageID)
+	if err != nil || !ok {
+		return l, false, err
+	}
+	fsid, err := r.vols.FSID(ctx)
+	if err != nil || fsid != l.FSID {
+		return l, false, err
+	}
+	if im.Size > v.Size<<30 {
+		return l, false, fmt.Errorf("image %s is %d bytes, larger than the volume's %d GiB", v.ImageID, im.Size, v.Size)
+	}
+	return l, true, nil
 }
 
 func (r *rbdBackend) extend(ctx context.Context, id string, sizeGB int64) error {

@@ -33,7 +33,12 @@ import (
 // may see, and where its data lives.
 type Images interface {
 	Get(ctx context.Context, projectID string, admin bool, id string) (*image.Image, error)
-	DataPath(id string) string
+	// DataFile is a file holding an active image's data, a copy made
+	// under dir when the data is not a file, removed by done.
+	DataFile(ctx context.Context, id, dir string) (path string, done func(), err error)
+	// RBDLocation is where an active image's data is in Ceph; ok is false
+	// when it is not there.
+	RBDLocation(ctx context.Context, id string) (l rbd.Location, ok bool, err error)
 	// CreateSnapshot, FinishSnapshot and Delete make, fill and remove the
 	// image a volume is uploaded to (upload.go).
 	CreateSnapshot(ctx context.Context, tx *store.Tx, projectID, name string, props map[string]string, base *image.Image, licence string) (*image.Image, error)

@@ -192,10 +192,11 @@ func (s *Service) makeData(ctx context.Context, v *volRow) error {
 // reading it in the format its record names (never probing: a raw image
 // that looks like qcow2 must not reach host files through a backing file).
 func (s *Service) copyImage(ctx context.Context, v *volRow, dst string) error {
-	bin, src, format, err := s.imageSource(ctx, v)
+	bin, src, format, done, err := s.imageSource(ctx, v)
 	if err != nil {
 		return err
 	}
+	defer done()
 	ctx, cancel := context.WithTimeout(ctx, convertTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "convert", "-f", format, "-O", "raw", "-t", "none", "-S", "4k", src, dst)
@@ -218,35 +219,41 @@ func (s *Service) copyImage(ctx context.Context, v *volRow, dst string) error {
 	return nil
 }
 
-// imageSource is the file of volume v's image and its qemu-img format,
-// once inspectImage has found it safe to convert and no larger than the
-// volume; and the qemu-img that inspected it.
-func (s *Service) imageSource(ctx context.Context, v *volRow) (bin, src, format string, err error) {
+// imageSource is a file holding volume v's image and its qemu-img
+// format, once inspectImage has found it safe to convert and no larger
+// than the volume; the qemu-img that inspected it; and what to call when
+// done with the file (a copy, for an image whose data is not a file).
+func (s *Service) imageSource(ctx context.Context, v *volRow) (bin, src, format string, done func(), err error) {
 	if s.images == nil {
-		return "", "", "", errors.New("no image service")
+		return "", "", "", nil, errors.New("no image service")
 	}
 	// The format is the image record's, never the volume's image metadata,
 	// which its owner may change (os-set_image_metadata).
 	im, err := s.images.Get(ctx, v.ProjectID, true, v.ImageID)
 	if err != nil {
-		return "", "", "", fmt.Errorf("image %s: %w", v.ImageID, err)
+		return "", "", "", nil, fmt.Errorf("image %s: %w", v.ImageID, err)
 	}
-	format = qemuFormat(im.DiskFormat)
-	src = s.images.DataPath(v.ImageID)
-	if format == "" || src == "" {
-		return "", "", "", fmt.Errorf("image %s cannot be copied to a volume", v.ImageID)
+	if format = qemuFormat(im.DiskFormat); format == "" {
+		return "", "", "", nil, fmt.Errorf("image %s cannot be copied to a volume", v.ImageID)
 	}
 	if bin, err = s.qemuImgPath(); err != nil {
-		return "", "", "", fmt.Errorf("qemu-img: %w", err)
+		return "", "", "", nil, fmt.Errorf("qemu-img: %w", err)
+	}
+	src, done, err = s.images.DataFile(ctx, v.ImageID, s.dataDir)
+	if err != nil {
+		return "", "", "", nil, fmt.Errorf("image %s cannot be copied to a volume: %w", v.ImageID, err)
 	}
 	vsize, err := inspectImage(ctx, bin, format, src)
+	if err == nil && vsize > v.Size<<30 {
+		err = fmt.Errorf("image %s is %d bytes, larger than the volume's %d GiB", v.ImageID, vsize, v.Size)
+	} else if err != nil {
+		err = fmt.Errorf("image %s cannot be copied to a volume: %w", v.ImageID, err)
+	}
 	if err != nil {
-		return "", "", "", fmt.Errorf("image %s cannot be copied to a volume: %w", v.ImageID, err)
+		done()
+		return "", "", "", nil, err
 	}
-	if vsize > v.Size<<30 {
-		return "", "", "", fmt.Errorf("image %s is %d bytes, larger than the volume's %d GiB", v.ImageID, vsize, v.Size)
-	}
-	return bin, src, format, nil
+	return bin, src, format, done, nil
 }
 
 // inspectTimeout bounds reading an image's headers; convertTimeout a whole

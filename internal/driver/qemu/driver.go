@@ -167,7 +167,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	cfg.DataDir = dataDir
 	d := &Driver{cfg: cfg, log: cfg.Log, vms: map[string]*vm{}, closing: make(chan struct{}),
-		instances: filepath.Join(dataDir, "instances"), cache: newImageCache(filepath.Join(dataDir, "images"))}
+		instances: filepath.Join(dataDir, "instances"), cache: newImageCache(filepath.Join(dataDir, "images"), cfg.QemuImg, cfg.Log)}
 	// QEMU's sockets live in the server directories: their paths must fit
 	// a sockaddr_un.
 	if n := len(filepath.Join(d.instances, "00000000-0000-0000-0000-000000000000", migrateSock)); n > 107 {

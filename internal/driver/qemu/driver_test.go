@@ -296,7 +296,7 @@ func TestImageCache(t *testing.T) {
 	store := newMemStore(t)
 	store.add("img", img)
 	store.delay = 200 * time.Millisecond
-	d := &Driver{cfg: Config{QemuImg: "qemu-img"}, cache: newImageCache(filepath.Join(dir, "cache"))}
+	d := &Driver{cfg: Config{QemuImg: "qemu-img"}, cache: newImageCache(filepath.Join(dir, "cache"), "qemu-img", nil)}
 	ref := refOf(t, "img", "qcow2", img)
 
 	// Concurrent spawns of one image download it once.
@@ -373,5 +373,62 @@ func TestTailOfQEMULog(t *testing.T) {
 	off := int64(len("old failure\n"))
 	if got := logTail(path, off); got != "qemu-system-x86_64: -blockdev x: Could not open 'x': No such file" {
 		t.Errorf("logTail = %q", got)
+	}
+}
+
+// directStore is a memStore that also says where the host reads images
+// itself.
+type directStore struct {
+	*memStore
+	direct *driver.ImageDirect
+	err    error
+}
+
+func (s *directStore) Direct(ctx context.Context, id string) (*driver.ImageDirect, error) {
+	return s.direct, s.err
+}
+
+// TestImageCacheDirectFallback: an image the store says the host reads
+// itself is downloaded through Open when that cannot be done, and the
+// cache holds the same checked data either way.
+func TestImageCacheDirectFallback(t *testing.T) {
+	needQEMU(t, "qemu-img")
+	dir := t.TempDir()
+	img := filepath.Join(dir, "base.raw")
+	if err := os.WriteFile(img, bytes.Repeat([]byte("nimbus"), 1000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rbdConn := driver.VolumeConn{Driver: driver.VolumeRBD, Pool: "images", Image: "img", User: "nimbus",
+		Monitors: []string{"192.0.2.1:6789"}, SizeBytes: 6000}
+	for _, tc := range []struct {
+		name   string
+		direct *driver.ImageDirect
+		err    error
+	}{
+		{"no direct way", nil, nil},
+		{"the store fails to say", nil, errors.New("controller answered 500")},
+		{"a key that is no key", &driver.ImageDirect{Conn: func() driver.VolumeConn { c := rbdConn; c.Key = "not base64!"; return c }(), Snapshot: "snap"}, nil},
+		{"no snapshot", &driver.ImageDirect{Conn: func() driver.VolumeConn { c := rbdConn; c.Key = "a2V5"; return c }()}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ms := newMemStore(t)
+			ms.add("img", img)
+			store := &directStore{memStore: ms, direct: tc.direct, err: tc.err}
+			cache := newImageCache(filepath.Join(t.TempDir(), "cache"), "qemu-img", nil)
+			ref := refOf(t, "img", "raw", img)
+			p, err := cache.get(context.Background(), store, ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := os.ReadFile(p); !bytes.Equal(got, bytes.Repeat([]byte("nimbus"), 1000)) {
+				t.Errorf("cached %d bytes, not the image", len(got))
+			}
+			if n := ms.openCount("img"); n != 1 {
+				t.Errorf("downloaded %d times, want once", n)
+			}
+			if left, _ := filepath.Glob(filepath.Join(cache.dir, ".*")); len(left) > 0 {
+				t.Errorf("left in the cache: %v", left)
+			}
+		})
 	}
 }

@@ -25,8 +25,12 @@ const (
 	PathResults   = "/v1/agent/ops/results"
 	PathStop      = "/v1/agent/stop"
 	// PathImages + an image id: GET reads the image's data, PUT stores a
-	// snapshot's (with ?disk_format=), streamed, not JSON.
+	// snapshot's (with ?disk_format=), streamed, not JSON. GET with
+	// QueryDirect answers where the host reads the data itself (a
+	// driver.ImageDirect, JSON), or 204 when it cannot.
 	PathImages = "/v1/agent/images/"
+	// QueryDirect asks GET PathImages for the image's ImageDirect.
+	QueryDirect = "direct=rbd"
 )
 
 // HeaderDiskFormat carries an image's disk format with its data.
