@@ -1,7 +1,8 @@
 // Package doctor checks a region's invariants across the services' tables
 // and says, for each one broken, what is wrong and how to mend it: claims
 // against servers, the ledger against usage, hosts against their agents,
-// and what deleted servers left bound (ports, addresses, volumes).
+// what deleted servers left bound (ports, addresses, volumes), and work
+// whose controller died.
 //
 // It is the one reader of every service's tables (each service writes only
 // its own): it reads them as the migrations define them, through a
@@ -96,6 +97,7 @@ var Checks = []Check{
 	{Name: "ports-of-deleted-servers", Invariant: "no port stays bound to a deleted server", run: portsOfDeletedServers},
 	{Name: "addresses-of-deleted-servers", Invariant: "no floating IP stays with a deleted server", run: addressesOfDeletedServers},
 	{Name: "volumes-of-deleted-servers", Invariant: "no volume stays attached to a deleted server", run: volumesOfDeletedServers},
+	{Name: "work-left-by-the-dead", Invariant: "every server that owes a step is some live controller's work", run: workLeftByTheDead},
 }
 
 // Report counts what a run found, by check.

@@ -282,6 +282,31 @@ func TestDoctor(t *testing.T) {
 			{"billing behind", func(t *testing.T) {
 				f.exec(t, "UPDATE billing_state SET value = ? WHERE name = 'charged_through'", store.FormatTime(f.hourStart.Add(-10*time.Hour)))
 			}, []string{"charging-behind | billing's charging pass"}},
+			// After billing: the controllers stop, or they would take the
+			// work at their next look.
+			{"a server's work left by a dead controller, and one whose lease was never taken", func(t *testing.T) {
+				f.c.Close()
+				db, err := store.Open(context.Background(), f.c.Config.DatabaseURL)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer db.Close()
+				old := store.FormatTime(time.Now().Add(-time.Hour))
+				for _, q := range []struct {
+					sql  string
+					args []any
+				}{
+					{"UPDATE compute_servers SET work_due = 1, updated_at = ? WHERE id IN (?, ?)", []any{old, f.a, f.b}},
+					{"INSERT INTO leases (name, holder, expires_at, acquired_at) VALUES (?, 'ctl-dead', ?, ?)", []any{"server/" + f.a, old, old}},
+					// Lapsed only lately: another controller is about to take it.
+					{"UPDATE compute_servers SET work_due = 1, updated_at = ? WHERE id = ?", []any{old, f.cc}},
+					{"INSERT INTO leases (name, holder, expires_at, acquired_at) VALUES (?, 'ctl-dead', ?, ?)", []any{"server/" + f.cc, store.FormatTime(time.Now().Add(-time.Minute)), old}},
+				} {
+					if _, err := db.Exec(context.Background(), q.sql, q.args...); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}, []string{"work-left-by-the-dead | server " + f.a, "work-left-by-the-dead | server " + f.b}},
 		}
 		before := f.findings(t)
 		for _, tc := range cases {
