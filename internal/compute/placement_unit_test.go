@@ -93,7 +93,8 @@ func (u *unitNetworks) AttachPublicIP(context.Context, *store.Tx, string, string
 func (u *unitNetworks) Addresses(context.Context, []network.ServerRef) (map[string]map[string][]network.Address, error) {
 	return map[string]map[string][]network.Address{}, nil
 }
-func (u *unitNetworks) ReleaseServer(context.Context, *store.Tx, string) error { return nil }
+func (u *unitNetworks) ReleaseServer(context.Context, *store.Tx, string) error  { return nil }
+func (u *unitNetworks) ServerDeleting(context.Context, *store.Tx, string) error { return nil }
 func (u *unitNetworks) MeterServerAddresses(context.Context, store.Querier, string, bool) error {
 	return nil
 }

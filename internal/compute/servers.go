@@ -186,6 +186,9 @@ func (s *Service) handleDelete(r *http.Request) (*api.Response, error) {
 		if err := s.saveServer(r.Context(), tx, sv); err != nil {
 			return err
 		}
+		if err := s.networks.ServerDeleting(r.Context(), tx, sv.ID); err != nil {
+			return err
+		}
 		return s.enqueueAfter(r.Context(), tx, sv.ID)
 	})
 	if err != nil {

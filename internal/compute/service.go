@@ -93,6 +93,9 @@ type Networks interface {
 	ServerPorts(ctx context.Context, sv network.ServerRef) ([]network.ServerPort, error)
 	Addresses(ctx context.Context, servers []network.ServerRef) (map[string]map[string][]network.Address, error)
 	ReleaseServer(ctx context.Context, tx *store.Tx, serverID string) error
+	// ServerDeleting marks the server's ports as about to be released
+	// (its delete was accepted), so that deletes they block wait for them.
+	ServerDeleting(ctx context.Context, tx *store.Tx, serverID string) error
 	MeterServerAddresses(ctx context.Context, q store.Querier, serverID string, serverPays bool) error
 	ServerInterfaces(ctx context.Context, sv network.ServerRef) ([]network.Interface, error)
 	ReleasePort(ctx context.Context, tx *store.Tx, serverID, portID string) error

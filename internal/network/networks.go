@@ -245,35 +245,37 @@ func (s *Service) updateNetwork(r *http.Request) (*api.Response, error) {
 func (s *Service) deleteNetwork(r *http.Request) (*api.Response, error) {
 	c := caller(r)
 	id := pathID(r, "id")
-	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
-		n, err := visibleNet(r.Context(), tx, c, id)
-		if err != nil {
-			return err
-		}
-		if !c.IsAdmin() && n.ProjectID != c.ProjectID {
-			return policyDenied("delete_network")
-		}
-		var ports, fips int
-		if err := deleteDHCPPort(r.Context(), tx, id); err != nil { // the system's own (hoststate.go)
-			return err
-		}
-		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM ports WHERE network_id = ?", id).Scan(&ports); err != nil {
-			return err
-		}
-		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM floatingips WHERE floating_network_id = ?", id).Scan(&fips); err != nil {
-			return err
-		}
-		if ports+fips > 0 {
-			// neutron_lib/exceptions/__init__.py NetworkInUse
-			return nerr(409, "NetworkInUse", "Unable to complete operation on network %s. There are one or more ports still in use on the network.", id)
-		}
-		for _, q := range []string{"DELETE FROM ip_allocations WHERE network_id = ?", "DELETE FROM subnets WHERE network_id = ?",
-			"DELETE FROM networks WHERE id = ?"} {
-			if _, err := tx.Exec(r.Context(), q, id); err != nil {
+	err := afterReleases(r.Context(), func() error {
+		return s.db.Tx(r.Context(), func(tx *store.Tx) error {
+			n, err := visibleNet(r.Context(), tx, c, id)
+			if err != nil {
 				return err
 			}
-		}
-		return nil
+			if !c.IsAdmin() && n.ProjectID != c.ProjectID {
+				return policyDenied("delete_network")
+			}
+			var ports, releasing, fips int
+			if err := deleteDHCPPort(r.Context(), tx, id); err != nil { // the system's own (hoststate.go)
+				return err
+			}
+			if err := tx.QueryRow(r.Context(), "SELECT COUNT(*), COALESCE(SUM(releasing), 0) FROM ports WHERE network_id = ?", id).Scan(&ports, &releasing); err != nil {
+				return err
+			}
+			if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM floatingips WHERE floating_network_id = ?", id).Scan(&fips); err != nil {
+				return err
+			}
+			if ports+fips > 0 {
+				// neutron_lib/exceptions/__init__.py NetworkInUse
+				return inUse(ports+fips, releasing, nerr(409, "NetworkInUse", "Unable to complete operation on network %s. There are one or more ports still in use on the network.", id))
+			}
+			for _, q := range []string{"DELETE FROM ip_allocations WHERE network_id = ?", "DELETE FROM subnets WHERE network_id = ?",
+				"DELETE FROM networks WHERE id = ?"} {
+				if _, err := tx.Exec(r.Context(), q, id); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -682,23 +684,26 @@ func (s *Service) updateSubnet(r *http.Request) (*api.Response, error) {
 func (s *Service) deleteSubnet(r *http.Request) (*api.Response, error) {
 	c := caller(r)
 	id := pathID(r, "id")
-	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
-		if _, err := s.ownedSubnet(r.Context(), tx, c, id, "delete"); err != nil {
+	err := afterReleases(r.Context(), func() error {
+		return s.db.Tx(r.Context(), func(tx *store.Tx) error {
+			if _, err := s.ownedSubnet(r.Context(), tx, c, id, "delete"); err != nil {
+				return err
+			}
+			var n, releasing int
+			if err := releaseDHCPAddress(r.Context(), tx, id); err != nil { // hoststate.go
+				return err
+			}
+			if err := tx.QueryRow(r.Context(), `SELECT COUNT(*), COALESCE(SUM(p.releasing), 0) FROM ip_allocations a
+			LEFT JOIN ports p ON p.id = a.owner_id WHERE a.subnet_id = ?`, id).Scan(&n, &releasing); err != nil {
+				return err
+			}
+			if n > 0 {
+				// neutron_lib/exceptions/__init__.py SubnetInUse
+				return inUse(n, releasing, nerr(409, "SubnetInUse", "Unable to complete operation on subnet %s: One or more ports have an IP allocation from this subnet.", id))
+			}
+			_, err := tx.Exec(r.Context(), "DELETE FROM subnets WHERE id = ?", id)
 			return err
-		}
-		var n int
-		if err := releaseDHCPAddress(r.Context(), tx, id); err != nil { // hoststate.go
-			return err
-		}
-		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM ip_allocations WHERE subnet_id = ?", id).Scan(&n); err != nil {
-			return err
-		}
-		if n > 0 {
-			// neutron_lib/exceptions/__init__.py SubnetInUse
-			return nerr(409, "SubnetInUse", "Unable to complete operation on subnet %s: One or more ports have an IP allocation from this subnet.", id)
-		}
-		_, err := tx.Exec(r.Context(), "DELETE FROM subnets WHERE id = ?", id)
-		return err
+		})
 	})
 	if err != nil {
 		return nil, err

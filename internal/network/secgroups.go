@@ -174,29 +174,32 @@ func (s *Service) updateSG(r *http.Request) (*api.Response, error) {
 
 func (s *Service) deleteSG(r *http.Request) (*api.Response, error) {
 	c := caller(r)
-	err := s.db.Tx(r.Context(), func(tx *store.Tx) error {
-		g, err := ownedSG(r.Context(), tx, c, pathID(r, "id"))
-		if err != nil {
-			return err
-		}
-		if g.Default && !c.IsAdmin() {
-			return nerr(409, "SecurityGroupCannotRemoveDefault", "Insufficient rights for removing default security group.")
-		}
-		var n int
-		if err := tx.QueryRow(r.Context(), "SELECT COUNT(*) FROM port_security_groups WHERE security_group_id = ?", g.ID).Scan(&n); err != nil {
-			return err
-		}
-		if n > 0 {
-			// neutron/extensions/securitygroup.py SecurityGroupInUse
-			return nerr(409, "SecurityGroupInUse", "Security Group %s in use.", g.ID)
-		}
-		for _, q := range []string{"DELETE FROM security_group_rules WHERE security_group_id = ? OR remote_group_id = ?"} {
-			if _, err := tx.Exec(r.Context(), q, g.ID, g.ID); err != nil {
+	err := afterReleases(r.Context(), func() error {
+		return s.db.Tx(r.Context(), func(tx *store.Tx) error {
+			g, err := ownedSG(r.Context(), tx, c, pathID(r, "id"))
+			if err != nil {
 				return err
 			}
-		}
-		_, err = tx.Exec(r.Context(), "DELETE FROM security_groups WHERE id = ?", g.ID)
-		return err
+			if g.Default && !c.IsAdmin() {
+				return nerr(409, "SecurityGroupCannotRemoveDefault", "Insufficient rights for removing default security group.")
+			}
+			var n, releasing int
+			if err := tx.QueryRow(r.Context(), `SELECT COUNT(*), COALESCE(SUM(p.releasing), 0) FROM port_security_groups psg
+			JOIN ports p ON p.id = psg.port_id WHERE psg.security_group_id = ?`, g.ID).Scan(&n, &releasing); err != nil {
+				return err
+			}
+			if n > 0 {
+				// neutron/extensions/securitygroup.py SecurityGroupInUse
+				return inUse(n, releasing, nerr(409, "SecurityGroupInUse", "Security Group %s in use.", g.ID))
+			}
+			for _, q := range []string{"DELETE FROM security_group_rules WHERE security_group_id = ? OR remote_group_id = ?"} {
+				if _, err := tx.Exec(r.Context(), q, g.ID, g.ID); err != nil {
+					return err
+				}
+			}
+			_, err = tx.Exec(r.Context(), "DELETE FROM security_groups WHERE id = ?", g.ID)
+			return err
+		})
 	})
 	if err != nil {
 		return nil, err

@@ -48,7 +48,7 @@ func (s *Service) ReleasePort(ctx context.Context, tx *store.Tx, serverID, portI
 		revision_number = revision_number + 1 WHERE port_id = ?`, t, p.ID); err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `UPDATE ports SET device_id = '', device_owner = '', bound_by = '', bound_device = '',
+	_, err = tx.Exec(ctx, `UPDATE ports SET device_id = '', device_owner = '', bound_by = '', bound_device = '', releasing = 0,
 		status = 'DOWN', updated_at = ?, revision_number = revision_number + 1 WHERE id = ?`, t, p.ID)
 	return err
 }

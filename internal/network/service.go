@@ -562,7 +562,7 @@ func (s *Service) BindPort(ctx context.Context, tx *store.Tx, projectID, portID,
 		return nerr(409, "PortInUse", "Port %s is still in use.", portID)
 	}
 	s.changedAfterCommit(tx) // hoststate.go
-	_, err = tx.Exec(ctx, `UPDATE ports SET device_id = ?, device_owner = 'compute:nova', bound_by = ?, bound_device = ?,
+	_, err = tx.Exec(ctx, `UPDATE ports SET device_id = ?, device_owner = 'compute:nova', bound_by = ?, bound_device = ?, releasing = 0,
 		status = 'ACTIVE', updated_at = ?, revision_number = revision_number + 1 WHERE id = ?`,
 		serverID, bindCompute, serverID, now(), portID)
 	return err
@@ -650,7 +650,7 @@ func (s *Service) ReleaseServer(ctx context.Context, tx *store.Tx, serverID stri
 			}
 			continue
 		}
-		if _, err := tx.Exec(ctx, `UPDATE ports SET device_id = '', device_owner = '', bound_by = '', bound_device = '',
+		if _, err := tx.Exec(ctx, `UPDATE ports SET device_id = '', device_owner = '', bound_by = '', bound_device = '', releasing = 0,
 			status = 'DOWN', updated_at = ?, revision_number = revision_number + 1 WHERE id = ?`, t, p.ID); err != nil {
 			return err
 		}
