@@ -379,6 +379,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Driver = c.Fleet
 	c.Compute = compute.New(compute.Deps{DB: db, Driver: c.Driver, Images: c.Images, Networks: c.Networks, Volumes: c.Volumes,
 		Identity: c.Identity, Billing: c.Billing, Scheduler: cfg.Scheduler, ConsoleURL: c.ConsoleURL, Leases: c.Leases, Log: cfg.Log})
+	c.Volumes.SetLeases(c.Leases)
 	c.Volumes.SetExtender(c.Compute)   // an in-use volume that grew
 	c.Volumes.SetLiveCopier(c.Compute) // a snapshot of a volume a VM here writes
 	c.Billing.SetSuspender(c.Compute)

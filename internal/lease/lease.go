@@ -218,6 +218,25 @@ func (m *Manager) HeldByOthers(ctx context.Context, prefix string) (map[string]b
 	return out, rows.Err()
 }
 
+// Held is the set of leases named prefix… that any controller, this one
+// included, holds and has not let expire.
+func (m *Manager) Held(ctx context.Context, prefix string) (map[string]bool, error) {
+	rows, err := m.db.Query(ctx, "SELECT name FROM leases WHERE name LIKE ? AND expires_at >= ?", prefix+"%", store.FormatTime(m.now()))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		out[n] = true
+	}
+	return out, rows.Err()
+}
+
 // Run renews this controller's leases every TTL/3 until ctx ends, then
 // gives them all back.
 func (m *Manager) Run(ctx context.Context) {

@@ -848,18 +848,9 @@ func (s *Service) startBackups(dir string) {
 	}
 	s.backupStore = NewBackupStore(dir)
 	s.backupQueue = workqueue.New(workqueue.Config{Backoff: workRetry, MaxBackoff: workRetryMax})
-	s.backupQueue.Work(backupWorkers, func(id string) error { return s.processBackup(s.ctx, id) })
-}
-
-// resumeBackups queues the backups a stopped controller left mid-way.
-func (s *Service) resumeBackups(ctx context.Context) {
-	bs, err := loadBackups(ctx, s.db, "b.status IN (?, ?, ?)", backupCreating, backupRestoring, backupDeleting)
-	if err != nil && ctx.Err() == nil {
-		s.log.Warn("volume: resuming backups failed", "error", err)
-	}
-	for _, b := range bs {
-		s.backupQueue.Add(b.ID)
-	}
+	s.backupQueue.Work(backupWorkers, func(id string) error {
+		return s.owned(s.ctx, backupKey+id, func(ctx context.Context) error { return s.processBackup(ctx, id) })
+	})
 }
 
 // processBackup does what a backup's status asks, then records the

@@ -19,18 +19,6 @@ const snapKey = "snapshot:"
 // snapPath is where snapshot id's data lives: under the volumes' directory.
 func (s *Service) snapPath(id string) string { return filepath.Join(s.dataDir, "snapshots", id) }
 
-// resumeSnapshots queues the snapshots a stopped controller left creating
-// or deleting.
-func (s *Service) resumeSnapshots(ctx context.Context) {
-	snaps, err := loadSnaps(ctx, s.db, "s.status IN (?, ?)", SnapCreating, SnapDeleting)
-	if err != nil && ctx.Err() == nil {
-		s.log.Warn("volume: resuming snapshot work failed", "error", err)
-	}
-	for _, sn := range snaps {
-		s.kick(snapKey + sn.ID)
-	}
-}
-
 // processSnapshot does what a snapshot's status asks: copy its volume's
 // file (creating) or remove its file and row (deleting), recording the
 // outcome in one transaction. An error (the store failed) is retried.

@@ -23,6 +23,7 @@ import (
 
 	"nimbus/internal/api"
 	"nimbus/internal/image"
+	"nimbus/internal/lease"
 	"nimbus/internal/metering"
 	"nimbus/internal/rbd"
 	"nimbus/internal/store"
@@ -119,6 +120,8 @@ type Service struct {
 
 	backupStore *BackupStore     // backups.go
 	backupQueue *workqueue.Queue // backup work by backup id
+
+	leases *lease.Manager // who owns each item's work (leases.go); nil: this controller
 }
 
 // New makes the block storage service.

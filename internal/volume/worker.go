@@ -20,23 +20,26 @@ import (
 func (s *Service) dataPath(id string) string { return filepath.Join(s.dataDir, id) }
 
 // Run resumes the data work a stopped controller left (volumes still
-// creating, extending, deleting or uploading), then waits for ctx; when
-// ctx ends it stops the work under way, which resumes at the next start.
+// creating, extending, deleting or uploading; snapshots and backups under
+// way), then looks every scanPeriod for work a controller that died left
+// (leases.go); when ctx ends it stops the work under way, which this or
+// another controller resumes.
 func (s *Service) Run(ctx context.Context) {
-	vols, err := loadVols(ctx, s.db, "v.status IN (?, ?, ?, ?)", StatusCreating, StatusExtending, StatusDeleting, StatusUploading)
-	if err != nil && ctx.Err() == nil {
-		s.log.Warn("volume: resuming work failed", "error", err)
-	}
-	for _, v := range vols {
-		s.kick(v.ID)
-	}
-	s.resumeBackups(ctx)
-	s.resumeSnapshots(ctx)
+	s.scan(ctx, true)
 	if err := s.resyncExports(ctx); err != nil && ctx.Err() == nil {
 		s.log.Warn("volume: resyncing block exports failed", "error", err)
 	}
-	<-ctx.Done()
-	s.Close()
+	t := time.NewTicker(scanPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.Close()
+			return
+		case <-t.C:
+			s.scan(ctx, false)
+		}
+	}
 }
 
 // The data work runs on a queue keyed by volume id (one worker per volume
@@ -52,7 +55,9 @@ const (
 
 func (s *Service) startWorkers() {
 	s.queue = workqueue.New(workqueue.Config{Backoff: workRetry, MaxBackoff: workRetryMax})
-	s.queue.Work(volumeWorkers, func(id string) error { return s.process(s.ctx, id) })
+	s.queue.Work(volumeWorkers, func(key string) error {
+		return s.owned(s.ctx, key, func(ctx context.Context) error { return s.process(ctx, key) })
+	})
 }
 
 // Close stops the work under way and waits for it.
