@@ -25,10 +25,11 @@ import (
 	"nimbus/internal/store"
 )
 
-// admin is "nimbus admin": the operator's commands, run on the controller's
-// own database rather than through the API, so they need no token and work
-// while the controller is down. Whoever can open the database is the
-// operator.
+// admin is "nimbus admin": the operator's commands. The billing, host,
+// support, backup and doctor commands run on the controller's own database
+// rather than through the API, so they need no token and work while the
+// controller is down: whoever can open the database is the operator. The
+// image commands go through the image API, and need a running controller.
 func admin(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -24,9 +24,20 @@ import (
 // the controller's local agent's files.
 func defaultAgentDataDir() string { return dataDirFor("NIMBUS_AGENT_DATA_DIR", "nimbus-agent") }
 
-// agentCmd is "nimbus agent": one per hypervisor host.
-func agentCmd(args []string) error {
+// agentFlags are the values of nimbus agent's flags, read once parsed.
+type agentFlags struct {
+	cfg                                    agent.Config
+	qf                                     qemuFlags
+	nf                                     netFlags
+	drv, hostIP, zone, fleetFile, logLevel *string
+	fakeDelay                              *time.Duration
+}
+
+// newAgentFlags defines nimbus agent's flags on a new flag set: agentCmd
+// parses it, and the flag reference (nimbus docs flags) lists it.
+func newAgentFlags() (*flag.FlagSet, *agentFlags) {
 	fs := flag.NewFlagSet("agent", flag.ExitOnError)
+	af := &agentFlags{}
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: nimbus agent --controller https://HOST:8790 --ca-cert ca.pem [--token TOKEN] [flags]
 
@@ -39,25 +50,31 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	hostname, _ := os.Hostname()
-	var cfg agent.Config
+	cfg := &af.cfg
 	fs.StringVar(&cfg.ControllerURL, "controller", os.Getenv("NIMBUS_CONTROLLER"), "the controller's agent API, https://host:8790 (env NIMBUS_CONTROLLER)")
 	fs.StringVar(&cfg.CACertFile, "ca-cert", os.Getenv("NIMBUS_CA_CERT"), "the CA that signed the controller's certificate (its data directory's ca.pem); default the system's roots (env NIMBUS_CA_CERT)")
 	fs.StringVar(&cfg.Token, "token", "", "one-time enrolment token, needed on first start only (prefer env NIMBUS_AGENT_TOKEN: flags show in ps)")
 	fs.StringVar(&cfg.DataDir, "data-dir", defaultAgentDataDir(), "directory for the agent's credential and journals (env NIMBUS_AGENT_DATA_DIR)")
 	fs.StringVar(&cfg.Name, "name", "", "how the operator sees this agent, and the qemu driver's host name (default: this machine's host name, plus for the agent a short id kept in the data directory's "+agent.NameFile+")")
-	drv := fs.String("driver", "fake", "hypervisor driver: fake (a simulated host) or qemu (real VMs)")
-	var qf qemuFlags
-	qf.register(fs)
-	var nf netFlags
-	nf.register(fs, false)
-	hostIP := fs.String("host-ip", "", "qemu driver: the address the controller and users reach this host on, in bridged mode its IPv4 address on the underlay (default: this machine's first non-loopback address)")
-	zone := fs.String("zone", "nova", "qemu driver: the host's availability zone")
-	fleetFile := fs.String("fleet", "", "JSON list of the hosts the fake driver presents (default: one host named after this machine)")
-	fakeDelay := fs.Duration("fake-delay", 500*time.Millisecond, "how long the fake driver takes per step")
+	af.drv = fs.String("driver", "fake", "hypervisor driver: fake (a simulated host) or qemu (real VMs)")
+	af.qf.register(fs)
+	af.nf.register(fs, false)
+	af.hostIP = fs.String("host-ip", "", "qemu driver: the address the controller and users reach this host on, in bridged mode its IPv4 address on the underlay (default: this machine's first non-loopback address)")
+	af.zone = fs.String("zone", "nova", "qemu driver: the host's availability zone")
+	af.fleetFile = fs.String("fleet", "", "JSON list of the hosts the fake driver presents (default: one host named after this machine)")
+	af.fakeDelay = fs.Duration("fake-delay", 500*time.Millisecond, "how long the fake driver takes per step")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", 10*time.Second, "how often to report to the controller")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	af.logLevel = fs.String("log-level", "info", "debug, info, warn or error")
+	return fs, af
+}
+
+// agentCmd is "nimbus agent": one per hypervisor host.
+func agentCmd(args []string) error {
+	fs, af := newAgentFlags()
+	hostname, _ := os.Hostname()
 	fs.Parse(args)
+	cfg, qf, nf := af.cfg, af.qf, af.nf
+	drv, hostIP, zone, fleetFile, fakeDelay, logLevel := af.drv, af.hostIP, af.zone, af.fleetFile, af.fakeDelay, af.logLevel
 	if fs.NArg() > 0 {
 		return fmt.Errorf("agent: unexpected arguments %v", fs.Args())
 	}

@@ -27,28 +27,56 @@ import (
 	"nimbus/internal/driver"
 )
 
+// benchFlags are the values of nimbus bench's flags, read once parsed.
+type benchFlags struct {
+	dbURL        *string
+	only         *string
+	duration     *time.Duration
+	workers      *int
+	creates      *int
+	listSize     *int
+	resources    *int
+	placeHosts   *int
+	placeCreates *int
+	panelServers *int
+	guestDir     *string
+	vmRuns       *int
+	attackers    *int
+	attackFor    *time.Duration
+	cpuProfile   *string
+}
+
+// newBenchFlags defines nimbus bench's flags on a new flag set: bench
+// parses it, and the flag reference (nimbus docs flags) lists it.
+func newBenchFlags() (*flag.FlagSet, *benchFlags) {
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	bf := &benchFlags{}
+	bf.dbURL = fs.String("database-url", "", "database to run on (default: SQLite in a temporary directory)")
+	bf.only = fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge, place, panel (the web panel's pages), vm (real VMs: QEMU and the test guest), login-attack (wrong-password clients against nimbus serve)")
+	bf.duration = fs.Duration("duration", 5*time.Second, "how long the token scenario runs")
+	bf.workers = fs.Int("workers", 16, "concurrent clients")
+	bf.creates = fs.Int("creates", 2000, "servers created in the create scenario")
+	bf.listSize = fs.Int("servers", 10000, "servers in the store for the detail scenario")
+	bf.resources = fs.Int("resources", 100000, "metered servers in the charge scenario")
+	bf.placeHosts = fs.Int("place-hosts", 1000, "fake hosts in the place scenario")
+	bf.placeCreates = fs.Int("place-creates", 1000, "servers created in the place scenario")
+	bf.panelServers = fs.Int("panel-servers", 1000, "servers in the account in the panel scenario")
+	bf.guestDir = fs.String("guest", "", "the test guest for the vm scenario (default: test/guest/build.sh's cache)")
+	bf.vmRuns = fs.Int("vm-runs", 3, "boots of each kind in the vm scenario")
+	bf.attackers = fs.Int("attackers", 128, "concurrent wrong-password clients in the login-attack scenario")
+	bf.attackFor = fs.Duration("attack-duration", 10*time.Second, "how long the login-attack scenario attacks before a real login")
+	bf.cpuProfile = fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	return fs, bf
+}
+
 // bench is Nimbus's own load command. It starts a cloud in this process (on
 // loopback, HTTPS, fake driver without delays, a fresh data directory) and
 // measures the hot paths the control plane promises, printing one line per
 // figure. Every loop is bounded in count and time.
 func bench(args []string) error {
-	fs := flag.NewFlagSet("bench", flag.ExitOnError)
-	dbURL := fs.String("database-url", "", "database to run on (default: SQLite in a temporary directory)")
-	only := fs.String("only", "tokens,create,detail,rss", "comma-separated scenarios: tokens, create, detail, rss, charge, place, panel (the web panel's pages), vm (real VMs: QEMU and the test guest), login-attack (wrong-password clients against nimbus serve)")
-	duration := fs.Duration("duration", 5*time.Second, "how long the token scenario runs")
-	workers := fs.Int("workers", 16, "concurrent clients")
-	creates := fs.Int("creates", 2000, "servers created in the create scenario")
-	listSize := fs.Int("servers", 10000, "servers in the store for the detail scenario")
-	resources := fs.Int("resources", 100000, "metered servers in the charge scenario")
-	placeHosts := fs.Int("place-hosts", 1000, "fake hosts in the place scenario")
-	placeCreates := fs.Int("place-creates", 1000, "servers created in the place scenario")
-	panelServers := fs.Int("panel-servers", 1000, "servers in the account in the panel scenario")
-	guestDir := fs.String("guest", "", "the test guest for the vm scenario (default: test/guest/build.sh's cache)")
-	vmRuns := fs.Int("vm-runs", 3, "boots of each kind in the vm scenario")
-	attackers := fs.Int("attackers", 128, "concurrent wrong-password clients in the login-attack scenario")
-	attackFor := fs.Duration("attack-duration", 10*time.Second, "how long the login-attack scenario attacks before a real login")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs, bf := newBenchFlags()
 	fs.Parse(args)
+	dbURL, only, duration, workers, creates, listSize, resources, placeHosts, placeCreates, panelServers, guestDir, vmRuns, attackers, attackFor, cpuProfile := bf.dbURL, bf.only, bf.duration, bf.workers, bf.creates, bf.listSize, bf.resources, bf.placeHosts, bf.placeCreates, bf.panelServers, bf.guestDir, bf.vmRuns, bf.attackers, bf.attackFor, bf.cpuProfile
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {

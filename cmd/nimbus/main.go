@@ -27,6 +27,8 @@ func main() {
 		err = bench(os.Args[2:])
 	case "admin":
 		err = admin(os.Args[2:])
+	case "docs": // hidden: writes docs/reference/flags.md
+		err = docsCmd(os.Args[2:])
 	case "version", "--version":
 		fmt.Println("nimbus", version.Get().Long())
 	case "help", "-h", "--help":

@@ -170,21 +170,34 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func serve(args []string) error {
+// serveFlags are the values of nimbus serve's flags, read once parsed.
+type serveFlags struct {
+	cfg                          cloud.Config
+	acme                         pki.ACME
+	proxies                      []string
+	qf                           qemuFlags
+	nf                           netFlags
+	fleetFile, weigher, logLevel *string
+	keepGPU                      *bool
+}
+
+// newServeFlags defines nimbus serve's flags on a new flag set: serve
+// parses it, and the flag reference (nimbus docs flags) lists it.
+func newServeFlags() (*flag.FlagSet, *serveFlags) {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
-	cfg := cloud.Config{Ports: cloud.DefaultPorts}
+	sf := &serveFlags{cfg: cloud.Config{Ports: cloud.DefaultPorts}}
+	cfg := &sf.cfg
 	fs.StringVar(&cfg.DataDir, "data-dir", defaultDataDir(), "directory for the database, certificates and client files (env NIMBUS_DATA_DIR)")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("NIMBUS_DATABASE_URL"), "postgres://… to use PostgreSQL; default SQLite in the data directory (env NIMBUS_DATABASE_URL)")
 	fs.StringVar(&cfg.Listen, "listen", "0.0.0.0", "address to listen on")
 	fs.StringVar(&cfg.PublicHost, "public-host", "", "host name clients use, put in the catalog and the certificate (default: the listen address, or localhost)")
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "your certificate for --public-host (PEM, then its chain), used as given and read again when it changes; default a certificate of Nimbus's own CA")
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "the key of --tls-cert (PEM)")
-	acme := pki.ACME{}
+	acme := &sf.acme
 	fs.StringVar(&acme.Email, "acme-email", "", "have --public-host's certificate issued and renewed by an ACME CA (TLS-ALPN-01: port 443 must reach a listener), with this contact address")
 	fs.StringVar(&acme.Directory, "acme-directory", pki.LetsEncrypt, "with --acme-email: the ACME CA's directory URL (Let's Encrypt's staging: https://acme-staging-v02.api.letsencrypt.org/directory)")
-	var proxies []string
 	fs.Func("trusted-proxies", "CIDRs or addresses of reverse proxies whose PROXY protocol header or X-Forwarded-For names the client, for limits and logs (comma-separated or repeated)", func(v string) error {
-		proxies = append(proxies, strings.Split(v, ",")...)
+		sf.proxies = append(sf.proxies, strings.Split(v, ",")...)
 		return nil
 	})
 	fs.IntVar(&cfg.Ports.Identity, "identity-port", cfg.Ports.Identity, "identity (Keystone v3) port")
@@ -234,11 +247,9 @@ func serve(args []string) error {
 	fs.StringVar(&cfg.Volumes.RBD.Keyring, "rbd-keyring", "", "with --volume-backend rbd or --image-backend rbd: the client's keyring (default /etc/ceph/ceph.client.<rbd-user>.keyring)")
 	fs.StringVar(&cfg.Volumes.RBD.Pool, "rbd-pool", "volumes", "with --volume-backend rbd: the pool volumes and their snapshots live in")
 	fs.StringVar(&cfg.Volumes.RBD.BackupPool, "rbd-backup-pool", "backups", "with --volume-backend rbd: the pool volume backups are stored in")
-	var qf qemuFlags
-	qf.register(fs)
-	var nf netFlags
-	nf.register(fs, true)
-	fleetFile := fs.String("fleet", "", "JSON file describing the local agent's fake hosts (default: a demo fleet)")
+	sf.qf.register(fs)
+	sf.nf.register(fs, true)
+	sf.fleetFile = fs.String("fleet", "", "JSON file describing the local agent's fake hosts (default: a demo fleet)")
 	fs.DurationVar(&cfg.FakeDelay, "fake-delay", 500*time.Millisecond, "how long the local agent's fake driver takes per step")
 	fs.StringVar(&cfg.Billing.Currency, "billing-currency", "RUB", "ISO 4217 code of all amounts")
 	fs.Int64Var(&cfg.Billing.MinTopup, "billing-min-topup", 10000, "smallest top-up, in minor units (10000 = 100.00)")
@@ -259,10 +270,17 @@ func serve(args []string) error {
 		cfg.Provider.Pools = append(cfg.Provider.Pools, v)
 		return nil
 	})
-	weigher := fs.String("scheduler-weigher", "spread", "how hosts are chosen: spread (even load) or pack (fill hosts, keep whole hosts free)")
-	keepGPU := fs.Bool("scheduler-keep-gpu-hosts", true, "keep GPU hosts for GPU flavors: other servers go there only when nothing else fits")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	sf.weigher = fs.String("scheduler-weigher", "spread", "how hosts are chosen: spread (even load) or pack (fill hosts, keep whole hosts free)")
+	sf.keepGPU = fs.Bool("scheduler-keep-gpu-hosts", true, "keep GPU hosts for GPU flavors: other servers go there only when nothing else fits")
+	sf.logLevel = fs.String("log-level", "info", "debug, info, warn or error")
+	return fs, sf
+}
+
+func serve(args []string) error {
+	fs, sf := newServeFlags()
 	fs.Parse(args)
+	cfg, acme, proxies, qf, nf := sf.cfg, sf.acme, sf.proxies, sf.qf, sf.nf
+	fleetFile, weigher, keepGPU, logLevel := sf.fleetFile, sf.weigher, sf.keepGPU, sf.logLevel
 	if err := localAgentFlags(fs, cfg.NoLocalAgent); err != nil {
 		return err
 	}

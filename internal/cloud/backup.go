@@ -165,7 +165,7 @@ func Backup(ctx context.Context, opt BackupOptions) (*BackupManifest, error) {
 		}
 	} else {
 		m.NotCopied = append(m.NotCopied, BackupEntry{Path: "database",
-			Why: "PostgreSQL: copy it with pg_basebackup or pg_dump, or the HA engine's backups (README: Backup and restore)"})
+			Why: "PostgreSQL: copy it with pg_basebackup or pg_dump, or the HA engine's backups (docs/operator.md: Backups and restore)"})
 	}
 	if err := copyDataDir(ctx, data, opt, sink, m); err != nil {
 		return nil, err

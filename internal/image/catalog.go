@@ -31,7 +31,7 @@ type CatalogImage struct {
 	GuestAgent bool
 	// SourceURL and ChecksumsURL are the vendor's own cloud image and its
 	// checksum list: what import fetches in place of the placeholder, and
-	// what the README and a placeholder's boot fault name.
+	// what docs/operator.md and a placeholder's boot fault name.
 	SourceURL, ChecksumsURL string
 	ExtraProperties         map[string]string
 }

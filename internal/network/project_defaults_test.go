@@ -45,7 +45,7 @@ func TestNewProjectHasDefaults(t *testing.T) {
 	})
 }
 
-// makeProjectUser does what the README's operator does: project create,
+// makeProjectUser does what docs/operator.md's operator does: project create,
 // user create, role add member; it returns the project's id.
 func makeProjectUser(t *testing.T, c *cloud.Cloud, project, user, password string) string {
 	t.Helper()

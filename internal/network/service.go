@@ -295,7 +295,7 @@ func (s *Service) EnsureDefaults(ctx context.Context, projectID string) error {
 }
 
 // ProjectCreated makes a new project's defaults in the transaction that
-// makes the project (identity.ProjectHook), so the README's promise of a
+// makes the project (identity.ProjectHook), so the operator guide's promise of a
 // "private" network and a "default" group holds from its first request.
 func (s *Service) ProjectCreated(ctx context.Context, tx *store.Tx, projectID string) error {
 	_, err := ensureDefaults(ctx, tx, projectID)

@@ -434,14 +434,14 @@ func TestRegionImages(t *testing.T) {
 		t.Errorf("a deleted saving image's data is left in the pool: %v", names)
 	}
 
-	// What a controller of the region keeps of its own: the README's
+	// What a controller of the region keeps of its own: docs/operator.md's
 	// list, and nothing another controller needs.
 	perController(t, r.c[0].Config.DataDir)
 }
 
 // perController fails the test for any file in a region controller's data
 // directory (no local agent, images and volumes in Ceph) that the
-// README's list of per-controller files does not name: anything else
+// docs/operator.md's list of per-controller files does not name: anything else
 // there would be state the other controllers cannot reach.
 func perController(t *testing.T, dir string) {
 	t.Helper()

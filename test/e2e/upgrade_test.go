@@ -87,7 +87,7 @@ func waitHealthy(t *testing.T, c *cloud.Cloud, computePort string, procs ...*pro
 // again by today's binary on the same data directory, keeps every server
 // running, every ledger entry and the demo account; the servers answer to
 // actions and new ones are made. Then today's controller serves the
-// previous release's agent (the order the README gives: controllers,
+// previous release's agent (the order docs/operator.md gives: controllers,
 // then agents), which runs a new server.
 func TestUpgradeFromPreviousRelease(t *testing.T) {
 	if testing.Short() {

@@ -572,37 +572,40 @@ print("%06d" % ((struct.unpack(">I", h[h[-1] & 15:][:4])[0] & 0x7fffffff) % 1000
 		openstack --os-cloud nimbus-mfa --os-passcode "$passcode" token issue
 }
 
-# readme_block MARKER — the README's shell block after "<!-- walk-through:
-# MARKER -->", with the default ports changed to this run's.
-readme_block() {
-	python3 - "$ROOT/README.md" "$1" "5000=$ID_PORT" "8774=$CO_PORT" "8889=$BI_PORT" <<'PY'
+# doc_block FILE MARKER — the shell block of FILE (relative to the
+# repository root) after "<!-- walk-through: MARKER -->", with the default
+# ports changed to this run's.
+doc_block() {
+	python3 - "$ROOT/$1" "$1" "$2" "5000=$ID_PORT" "8774=$CO_PORT" "8889=$BI_PORT" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
-m = re.search(r"<!-- walk-through: " + re.escape(sys.argv[2]) + r" -->\n```sh\n(.*?)```", text, re.S)
+m = re.search(r"<!-- walk-through: " + re.escape(sys.argv[3]) + r" -->\n```sh\n(.*?)```", text, re.S)
 if not m:
-    sys.exit("README.md has no walk-through block " + sys.argv[2])
+    sys.exit(sys.argv[2] + " has no walk-through block " + sys.argv[3])
 block = m.group(1)
-for pair in sys.argv[3:]:
+for pair in sys.argv[4:]:
     old, new = pair.split("=")
     block = block.replace("https://127.0.0.1:%s/" % old, "https://127.0.0.1:%s/" % new)
 sys.stdout.write(block)
 PY
 }
 
-# cli_walkthrough runs the README's walk-through as written, on the fresh
-# data directory: the operator makes a project and a user with the CLI, and
-# that customer follows the steps from login to delete.
+# cli_walkthrough runs the documentation's walk-through as written, on the
+# fresh data directory: the operator makes a project and a user with the
+# CLI (docs/operator.md, "A first cloud"), and that customer follows the
+# steps from login to delete (docs/user.md, "Your first server").
 cli_walkthrough() {
-	step "CLI: the README's walk-through (a freshly made project)"
+	step "CLI: the walk-through of docs/operator.md and docs/user.md (a freshly made project)"
 	local dir="$WORK/walk" script out
 	mkdir -p "$dir" && ln -s "$WORK/data" "$dir/nimbus-data" || return 1
-	script=$(readme_block operator && readme_block "customer login" && readme_block customer) ||
-		{ fail "README walk-through blocks" "readme_block" "three blocks" "$script"; return 1; }
+	script=$(doc_block docs/operator.md operator && doc_block docs/user.md "customer login" &&
+		doc_block docs/user.md customer) ||
+		{ fail "walk-through blocks of docs/operator.md and docs/user.md" "doc_block" "three blocks" "$script"; return 1; }
 	if out=$(cd "$dir" && timeout $((WAIT * 4)) bash -e -o pipefail -c "$script" 2>&1); then
-		pass "README walk-through runs as written"
+		pass "walk-through (docs/operator.md, docs/user.md) runs as written"
 	else
 		# the end of the output, where the failing command's error is
-		fail "README walk-through runs as written" "bash -e (README.md walk-through)" "exit 0" "… $(tail -c 1500 <<<"$out")"
+		fail "walk-through (docs/operator.md, docs/user.md) runs as written" "bash -e (the walk-through blocks of docs/operator.md and docs/user.md)" "exit 0" "… $(tail -c 1500 <<<"$out")"
 		return 1
 	fi
 	eq "walk-through: the new project's private network is listed" "openstack network list" 1 \

@@ -13,7 +13,7 @@ import (
 	"nimbus/internal/testenv/region"
 )
 
-// TestPrimaryFailover runs the README's region on loopback from
+// TestPrimaryFailover runs docs/operator.md's region on loopback from
 // deploy/region's files: PostgreSQL under Patroni on three etcd members,
 // synchronously replicated; three controllers (--no-local-agent) on its
 // multi-host URL; HAProxy in front of them; an agent with a fake host
@@ -43,7 +43,7 @@ func TestPrimaryFailover(t *testing.T) {
 		cfg := region.ControllerConfig{Bin: bin, DatabaseURL: cluster.URL, Addr: a, Ports: ports, PublicHost: lb,
 			Args: []string{"--no-local-agent", "--trusted-proxies", lb, "--billing-credit-limit", "100000000000", "--down-after", "20s"}}
 		if i > 0 {
-			cfg.CA = ctls[0].Dir // the README: every controller after the first gets its CA and secrets
+			cfg.CA = ctls[0].Dir // docs/operator.md: every controller after the first gets its CA and secrets
 		}
 		ctls = append(ctls, region.StartController(t, fmt.Sprintf("controller%d", i+1), cfg))
 	}
@@ -121,7 +121,7 @@ func TestPrimaryFailover(t *testing.T) {
 			lost[0].End.Format("15:04:05.000"))
 	}
 
-	// The README's way back: start the dead node's Patroni; it rewinds
+	// docs/operator.md's way back: start the dead node's Patroni; it rewinds
 	// and follows the new primary, synchronously again.
 	old.Start()
 	region.WaitFor(t, 120*time.Second, old.Name+" back as a standby", func() bool {

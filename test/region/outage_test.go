@@ -1,7 +1,7 @@
 // Package region_test runs a region's faults with real processes:
 // PostgreSQL stopped under one controller, and the primary of a Patroni
 // cluster killed under three controllers behind HAProxy, started from the
-// files in deploy/region that the README gives.
+// files in deploy/region that docs/operator.md gives.
 package region_test
 
 import (

@@ -43,7 +43,7 @@ type ControllerConfig struct {
 	// PublicHost is the address the catalog names (default Addr).
 	PublicHost string
 	// CA is the data directory of a controller whose CA this one shares
-	// (its ca.pem, ca-key.pem and secrets.json are copied), as the README
+	// (its ca.pem, ca-key.pem and secrets.json are copied), as docs/operator.md
 	// has the operator do for every controller after the first.
 	CA string
 	// Extra flags.

@@ -18,7 +18,7 @@ type Balancer struct {
 }
 
 // SharedPorts picks, for each service, a port free on every address, so
-// that the balancer and the controllers use the same ports as the README's
+// that the balancer and the controllers use the same ports as docs/operator.md's
 // region does (the catalog names the controller's ports at the
 // balancer's address).
 func SharedPorts(t testing.TB, addrs ...string) map[string]int {

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Cluster is PostgreSQL made highly available as the README has it:
+// Cluster is PostgreSQL made highly available as docs/operator.md has it:
 // three etcd members and three Patroni nodes, from deploy/region's
 // etcd.conf.yml and patroni.yml, all on loopback.
 type Cluster struct {

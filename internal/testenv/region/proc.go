@@ -1,7 +1,7 @@
 // Package region starts the parts of a Nimbus region as real processes for
 // tests: PostgreSQL (a single server to stop and start, or a Patroni
 // cluster on etcd), HAProxy and nimbus serve controllers, each from the
-// files in deploy/region that the README gives operators. A test that
+// files in deploy/region that docs/operator.md gives operators. A test that
 // lacks a part's Debian package skips, unless NIMBUS_REQUIRE_PGHA=1 says
 // the package must be there.
 package region

@@ -12,7 +12,7 @@ var templateVar = regexp.MustCompile(`\$\{([A-Z0-9_]+)\}`)
 
 // Render expands a template of deploy/region as envsubst does, from vars
 // alone, into dir, and returns the file's path. A variable the template
-// names and vars lacks fails the test: the README's set-up would leave it
+// names and vars lacks fails the test: docs/operator.md's set-up would leave it
 // empty too.
 func Render(t testing.TB, rel, dir string, vars map[string]string) string {
 	t.Helper()
