@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"sort"
 	"strconv"
 	"strings"
@@ -573,7 +574,19 @@ func releaseAll(st *scheduler.State, claims []scheduler.Claim) {
 
 // placeAttempts bounds how often a placement looks again after the store
 // refused its claims.
-const placeAttempts = 6
+const placeAttempts = 12
+
+// conflictPause is how long a placement whose claims the store refused
+// waits before it looks again: a random part of a span that doubles with
+// each attempt (5 ms, 10 ms, … up to 320 ms). Controllers sharing a store
+// load the same claims and prefer the same pCPUs; without the pause the
+// ones that lost a race reload together and lose the next one together
+// (measured: three controllers taking 1,000 servers in batches of twenty
+// answered 500 after six immediate attempts).
+func conflictPause(attempt int) time.Duration {
+	span := 5 * time.Millisecond << min(attempt, 6)
+	return rand.N(span) + time.Millisecond
+}
 
 // placeJob is one placement: between least and most servers of one
 // request. It is the only path that places servers (a create's batch, a
@@ -633,6 +646,11 @@ func (s *Service) place(ctx context.Context, j *placeJob) error {
 		releaseAll(st, claims)
 		if !errors.Is(err, errClaimConflict) || attempt >= placeAttempts {
 			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(conflictPause(attempt)):
 		}
 		if _, err := s.reloadSched(ctx); err != nil {
 			return err

@@ -75,9 +75,16 @@ func regionDB(t *testing.T) string {
 }
 
 // startRegion starts n controllers (the first alone, so that it makes
-// the accounts and the CA the others share) and an agent with a fake
-// delay of fakeDelay connected to controller agentVia.
+// the accounts and the CA the others share) and an agent with two fake
+// hosts and a fake delay of fakeDelay connected to controller agentVia.
 func startRegion(t *testing.T, n, agentVia int, fakeDelay string) *region {
+	t.Helper()
+	return startRegionHosts(t, n, agentVia, fakeDelay, 2)
+}
+
+// startRegionHosts is startRegion with hosts fake hosts (hv-a, hv-b, then
+// hv-2, hv-3, …), each of two NUMA nodes of 17 pCPUs.
+func startRegionHosts(t *testing.T, n, agentVia int, fakeDelay string, hostCount int) *region {
 	t.Helper()
 	r := &region{t: t, bin: buildNimbus(t), dbURL: regionDB(t), providers: map[string]*gophercloud.ProviderClient{}}
 	base := t.TempDir()
@@ -108,7 +115,11 @@ func startRegion(t *testing.T, n, agentVia int, fakeDelay string) *region {
 	r.agentD = filepath.Join(base, "agent")
 	os.MkdirAll(r.agentD, 0o700)
 	var hosts []driver.Host
-	for _, name := range []string{"hv-a", "hv-b"} {
+	names := []string{"hv-a", "hv-b"}
+	for i := 2; i < hostCount; i++ {
+		names = append(names, fmt.Sprint("hv-", i))
+	}
+	for _, name := range names[:hostCount] {
 		h := driver.Host{Name: name, IP: "192.0.2.50", MemoryMB: 256 * 1024, DiskGB: 4000, Zone: "nova",
 			Hypervisor: "fake", Version: 1000, Up: true}
 		fake.Topology(&h, 2, 17, 1)
@@ -123,7 +134,7 @@ func startRegion(t *testing.T, n, agentVia int, fakeDelay string) *region {
 	r.client = testenv.HTTPClient(t, r.cloud(0))
 	for i := range r.ctls {
 		waitFor(t, 60*time.Second, fmt.Sprint("the agent's hosts in controller ", i, "'s os-services"), func() bool {
-			return r.hostsUp(i) == 2
+			return r.hostsUp(i) == hostCount
 		}, r.ctls[i], r.agent)
 	}
 	return r

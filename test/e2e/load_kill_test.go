@@ -1,0 +1,191 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
+
+	"nimbus/internal/cloud"
+)
+
+// TestControllerKilledUnderLoad: 1,000 servers asked of three controllers
+// at once (fifty requests of twenty, spread over them), one controller
+// killed (-9) while the requests are coming in. Every server the region
+// accepted ends ACTIVE, or ERROR with a fault; the fake fleet holds
+// exactly one VM per ACTIVE server; no pCPU is pinned by two VMs; every
+// claim belongs to a live server.
+func TestControllerKilledUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	const (
+		requests, perRequest = 50, 20
+		total                = requests * perRequest
+	)
+	ctx := context.Background()
+	r := startRegionHosts(t, 3, 2, "100ms", 40) // 40 hosts of 34 pCPUs: room for 1,000 one-pCPU servers
+	r.credit(1, 100_000_000)
+	// Room beyond the thousand: a request the killed controller took but
+	// could not answer is sent again, and may make its twenty twice.
+	r.quota(2, 2*total, 2*total)
+	image, _, _ := bootChoice(t, r.provider(0, cloud.DemoUser))
+	// A network with room for them all (the project's own is a /24).
+	nc, err := openstack.NewNetworkV2(r.provider(0, cloud.DemoUser), gophercloud.EndpointOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw, err := networks.Create(ctx, nc, networks.CreateOpts{Name: "load"}).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := subnets.Create(ctx, nc, subnets.CreateOpts{NetworkID: nw.ID, CIDR: "10.200.0.0/20", IPVersion: gophercloud.IPv4}).Extract(); err != nil {
+		t.Fatal(err)
+	}
+	network := nw.ID
+	clients := []*gophercloud.ServiceClient{r.compute(0, cloud.DemoUser, ""), r.compute(1, cloud.DemoUser, ""), r.compute(2, cloud.DemoUser, "")}
+
+	// Five clients send the requests round the controllers; a request
+	// that finds its controller dead goes to the next, as a balancer's
+	// redispatch does. Controller 0 dies once a fifth were sent.
+	var mu sync.Mutex
+	accepted, refused, failed, sent := 0, 0, 0, 0
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				for try := 0; try < 3; try++ {
+					c := (i + try) % 3
+					var answered gophercloud.ErrUnexpectedResponseCode
+					res := servers.Create(ctx, clients[c], servers.CreateOpts{Name: fmt.Sprint("load-", i), ImageRef: image,
+						FlavorRef: "d1.2g.local", Networks: []servers.Network{{UUID: network}}, Min: perRequest, Max: perRequest}, nil)
+					mu.Lock()
+					switch {
+					case res.Err == nil:
+						accepted++
+					case gophercloud.ResponseCodeIs(res.Err, 403), gophercloud.ResponseCodeIs(res.Err, 400), gophercloud.ResponseCodeIs(res.Err, 409):
+						refused++
+						t.Errorf("request %d refused: %v", i, res.Err)
+					case c == 0 && !errors.As(res.Err, &answered):
+						failed++ // the dying controller's connection: sent to another
+					default:
+						failed++
+						t.Errorf("request %d to live controller %d: %v", i, c, res.Err)
+					}
+					done := res.Err == nil || refused > 0
+					mu.Unlock()
+					if done {
+						break
+					}
+				}
+			}
+		}()
+	}
+	var killedAt time.Time
+	for i := range requests {
+		if i == requests/5 {
+			r.ctls[0].stop(t, syscall.SIGKILL)
+			killedAt = time.Now()
+		}
+		next <- i
+		sent++
+	}
+	close(next)
+	wg.Wait()
+	t.Logf("%d requests sent, %d accepted, %d met the dead controller and went to another", sent, accepted, failed)
+	if accepted != requests {
+		t.Errorf("%d of %d requests accepted", accepted, requests)
+		for _, p := range r.ctls[1:] {
+			b, _ := os.ReadFile(p.log)
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.Contains(l, `"level":"ERROR"`) {
+					t.Log(l)
+				}
+			}
+		}
+	}
+
+	// Every server there ends ACTIVE or ERROR with a fault.
+	survivor := r.compute(1, cloud.DemoUser, "")
+	deadline := time.Now().Add(3 * time.Minute)
+	var all []servers.Server
+	for {
+		pages, err := servers.List(survivor, servers.ListOpts{Name: "load-"}).AllPages(ctx)
+		if err == nil {
+			all, _ = servers.ExtractServers(pages)
+			settled := 0
+			for _, s := range all {
+				if s.Status == "ACTIVE" || s.Status == "ERROR" {
+					settled++
+				}
+			}
+			if settled == len(all) && len(all) >= accepted*perRequest {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d servers, not all settled 3 minutes after the last request\n%s", len(all), r.logs())
+		}
+		time.Sleep(time.Second)
+	}
+	settledAfter := time.Since(killedAt)
+	active := map[string]bool{}
+	errored := 0
+	for _, s := range all {
+		if s.Status == "ERROR" {
+			errored++
+			if s.Fault.Message == "" {
+				t.Errorf("server %s in ERROR without a fault", s.ID)
+			}
+			continue
+		}
+		active[s.ID] = true
+	}
+	if len(all) < accepted*perRequest {
+		t.Errorf("%d servers for %d accepted requests of %d", len(all), accepted, perRequest)
+	}
+
+	vms := fakeJournal(t, filepath.Join(r.agentD, "fake-fleet.json"))
+	pinned := map[string]string{}
+	for id, vm := range vms {
+		if !active[id] {
+			t.Errorf("VM %s on %s belongs to no ACTIVE server", id, vm.Host)
+		}
+		if vm.Boots != 1 {
+			t.Errorf("server %s's VM booted %d times", id, vm.Boots)
+		}
+		for _, c := range vm.Spec.Cells {
+			for _, cpu := range c.CPUs {
+				k := fmt.Sprint(vm.Host, "/", cpu)
+				if other, dup := pinned[k]; dup {
+					t.Errorf("pCPU %s is pinned by %s and %s", k, other, id)
+				}
+				pinned[k] = id
+			}
+		}
+	}
+	for id := range active {
+		if _, ok := vms[id]; !ok {
+			t.Errorf("ACTIVE server %s has no VM", id)
+		}
+	}
+	if errored == 0 { // a server in ERROR after its claim (a failed spawn) keeps it
+		checkClaims(t, r.dbURL, len(active), len(active))
+	}
+	t.Logf("%d servers: %d ACTIVE, %d ERROR; all settled %.1f s after the kill", len(all), len(active), errored, settledAfter.Seconds())
+}
