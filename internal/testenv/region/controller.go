@@ -31,6 +31,7 @@ type Controller struct {
 	Ports map[string]int // by service name
 	bin   string
 	args  []string
+	env   []string
 }
 
 // ControllerConfig says how to start a controller.
@@ -48,6 +49,8 @@ type ControllerConfig struct {
 	CA string
 	// Extra flags.
 	Args []string
+	// Env is added to the process's environment.
+	Env []string
 }
 
 // StartController starts nimbus serve and waits until /healthz answers.
@@ -56,7 +59,7 @@ func StartController(t testing.TB, name string, cfg ControllerConfig) *Controlle
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1"
 	}
-	c := &Controller{Dir: filepath.Join(t.TempDir(), name), Addr: cfg.Addr, Ports: cfg.Ports, bin: cfg.Bin}
+	c := &Controller{Dir: filepath.Join(t.TempDir(), name), Addr: cfg.Addr, Ports: cfg.Ports, bin: cfg.Bin, env: cfg.Env}
 	if c.Ports == nil {
 		c.Ports = map[string]int{}
 		for _, s := range Services {
@@ -93,7 +96,7 @@ func StartController(t testing.TB, name string, cfg ControllerConfig) *Controlle
 // Restart starts the controller's process again with the same flags.
 func (c *Controller) Restart(t testing.TB, name string) {
 	t.Helper()
-	c.Proc = Start(t, name, nil, []string{"NIMBUS_DATABASE_URL=", "NIMBUS_DATA_DIR="}, c.bin, c.args...)
+	c.Proc = Start(t, name, nil, append([]string{"NIMBUS_DATABASE_URL=", "NIMBUS_DATA_DIR="}, c.env...), c.bin, c.args...)
 	WaitFor(t, 60*time.Second, name+" healthy", func() bool {
 		if c.Proc.Exited() {
 			t.Fatalf("%s exited\n%s", name, c.Proc.Tail())
