@@ -51,6 +51,9 @@ type ControllerConfig struct {
 	Args []string
 	// Env is added to the process's environment.
 	Env []string
+	// Dir is the data directory (default a new one in the test's
+	// temporary directory).
+	Dir string
 }
 
 // StartController starts nimbus serve and waits until /healthz answers.
@@ -59,7 +62,10 @@ func StartController(t testing.TB, name string, cfg ControllerConfig) *Controlle
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1"
 	}
-	c := &Controller{Dir: filepath.Join(t.TempDir(), name), Addr: cfg.Addr, Ports: cfg.Ports, bin: cfg.Bin, env: cfg.Env}
+	c := &Controller{Dir: cfg.Dir, Addr: cfg.Addr, Ports: cfg.Ports, bin: cfg.Bin, env: cfg.Env}
+	if c.Dir == "" {
+		c.Dir = filepath.Join(t.TempDir(), name)
+	}
 	if c.Ports == nil {
 		c.Ports = map[string]int{}
 		for _, s := range Services {
