@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -66,12 +67,6 @@ func StartController(t testing.TB, name string, cfg ControllerConfig) *Controlle
 	if c.Dir == "" {
 		c.Dir = filepath.Join(t.TempDir(), name)
 	}
-	if c.Ports == nil {
-		c.Ports = map[string]int{}
-		for _, s := range Services {
-			c.Ports[s] = FreePort(t, cfg.Addr)
-		}
-	}
 	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -86,29 +81,56 @@ func StartController(t testing.TB, name string, cfg ControllerConfig) *Controlle
 			}
 		}
 	}
-	c.args = []string{"serve", "--data-dir", c.Dir, "--database-url", cfg.DatabaseURL, "--listen", cfg.Addr,
-		"--admin-password", AdminPassword, "--demo-password", DemoPassword, "--log-level", "warn"}
-	if cfg.PublicHost != "" {
-		c.args = append(c.args, "--public-host", cfg.PublicHost)
+	// A port found free may be taken before the controller binds it (an
+	// outgoing connection's local port, from the same range): ports of
+	// the test's choosing are chosen again, a few times.
+	for try := 1; ; try++ {
+		if cfg.Ports == nil {
+			c.Ports = map[string]int{}
+			for _, s := range Services {
+				c.Ports[s] = FreePort(t, cfg.Addr)
+			}
+		}
+		c.args = []string{"serve", "--data-dir", c.Dir, "--database-url", cfg.DatabaseURL, "--listen", cfg.Addr,
+			"--admin-password", AdminPassword, "--demo-password", DemoPassword, "--log-level", "warn"}
+		if cfg.PublicHost != "" {
+			c.args = append(c.args, "--public-host", cfg.PublicHost)
+		}
+		for _, s := range Services {
+			c.args = append(c.args, "--"+s+"-port", strconv.Itoa(c.Ports[s]))
+		}
+		c.args = append(c.args, cfg.Args...)
+		if c.start(t, name) || cfg.Ports != nil || try == 3 ||
+			!strings.Contains(c.Proc.Tail(), "address already in use") {
+			break
+		}
 	}
-	for _, s := range Services {
-		c.args = append(c.args, "--"+s+"-port", strconv.Itoa(c.Ports[s]))
-	}
-	c.args = append(c.args, cfg.Args...)
-	c.Restart(t, name)
+	c.healthy(t, name)
 	return c
 }
 
 // Restart starts the controller's process again with the same flags.
 func (c *Controller) Restart(t testing.TB, name string) {
 	t.Helper()
+	c.start(t, name)
+	c.healthy(t, name)
+}
+
+// start starts the process and waits until it serves or exits; it
+// answers whether it serves.
+func (c *Controller) start(t testing.TB, name string) bool {
+	t.Helper()
 	c.Proc = Start(t, name, nil, append([]string{"NIMBUS_DATABASE_URL=", "NIMBUS_DATA_DIR="}, c.env...), c.bin, c.args...)
-	WaitFor(t, 60*time.Second, name+" healthy", func() bool {
-		if c.Proc.Exited() {
-			t.Fatalf("%s exited\n%s", name, c.Proc.Tail())
-		}
-		return c.Healthz() == http.StatusOK
-	}, c.Proc)
+	WaitFor(t, 60*time.Second, name+" healthy", func() bool { return c.Proc.Exited() || c.Healthz() == http.StatusOK }, c.Proc)
+	return !c.Proc.Exited()
+}
+
+// healthy fails the test when the process exited.
+func (c *Controller) healthy(t testing.TB, name string) {
+	t.Helper()
+	if c.Proc.Exited() {
+		t.Fatalf("%s exited\n%s", name, c.Proc.Tail())
+	}
 }
 
 // CACert is the controller's CA file.
