@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
 
 	"nimbus/internal/store"
 	regiontest "nimbus/internal/testenv/region"
@@ -161,10 +164,44 @@ func TestDataDirFull(t *testing.T) {
 	cl = regiontest.Connect(t, ctl.URL("identity")+"/v3", ctl.CACert(), requestDeadline)
 	load.Compute, load.Network, load.Volumes, load.Images = cl.Compute, cl.Network, cl.Volume, cl.Image
 	check("after a restart")
+	t.Logf("after a restart: acknowledged creates now %v", states(t, cl, reqs))
 	if code := cl.Writes(t); code != http.StatusCreated {
 		t.Errorf("a write after the restart: %d", code)
 	}
 	t.Logf("test took %.1f s", time.Since(began).Seconds())
+}
+
+// states counts what the servers and volumes the API acknowledged, and
+// the images whose upload failed, are now: op and status.
+func states(t *testing.T, cl *regiontest.Clients, reqs []regiontest.Request) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, r := range reqs {
+		var sc *gophercloud.ServiceClient
+		var url, obj string
+		switch {
+		case r.Op == "server" && r.Status/100 == 2:
+			sc, url, obj = cl.Compute, cl.Compute.ServiceURL("servers", r.ID), "server"
+		case r.Op == "volume" && r.Status/100 == 2:
+			sc, url, obj = cl.Volume, cl.Volume.ServiceURL("volumes", r.ID), "volume"
+		case r.Op == "image data" && r.Status/100 != 2:
+			sc, url = cl.Image, cl.Image.ServiceURL("images", r.ID)
+		default:
+			continue
+		}
+		var body map[string]any
+		if _, err := sc.Get(context.Background(), url, &body, nil); err != nil {
+			t.Fatalf("%s %s: %v", r.Op, r.ID, err)
+		}
+		if obj != "" {
+			body, _ = body[obj].(map[string]any)
+		}
+		out[fmt.Sprint(r.Op, " ", body["status"])]++
+		if body["status"] == "ERROR" {
+			t.Logf("%s %s in ERROR: %v", r.Op, r.ID, body["fault"])
+		}
+	}
+	return out
 }
 
 // serviceMessage is an OpenStack error body's message, whatever its
