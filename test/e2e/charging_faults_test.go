@@ -138,11 +138,12 @@ func simulatedUsage(r *rand.Rand, start, end time.Time) []usageEvent {
 // database whose billing clock the test moves (nimbus serve has no
 // simulated clock), both calling the real charging pass at once at each
 // step, steps of 1 to 150 minutes with an occasional outage of hours. The
-// last two days are then charged by real processes at the real time: a
+// last 40 hours are then charged by real processes at the real time: a
 // controller that pauses inside each charging transaction (the fault
-// hook NIMBUS_FAULT_CHARGE_PAUSE) and is killed there, a second one that
-// takes its job over once the dead one's lease lapses, and two nimbus
-// admin billing run at once.
+// hook NIMBUS_FAULT_CHARGE_PAUSE) and is killed there while two nimbus
+// admin billing run beside it wait on its uncommitted charges; a second
+// controller that takes the job over once the dead one's lease lapses;
+// and two admin passes at once again, last.
 func TestChargingUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs nimbus serve processes and charges 30 simulated days")
@@ -252,28 +253,9 @@ func TestChargingUnderFaults(t *testing.T) {
 	}
 	before := chargeRows()
 
-	// A controller that pauses inside each charging transaction, killed
-	// there.
-	const pauseLine = "billing: fault test pause before commit"
-	creditLimit := []string{"--billing-credit-limit", "1000000000000"}
-	a := regiontest.StartController(t, "controller-a", regiontest.ControllerConfig{Bin: bin, DatabaseURL: dbURL, CA: dir1,
-		Args: creditLimit, Env: []string{"NIMBUS_FAULT_CHARGE_PAUSE=20s"}})
-	regiontest.WaitFor(t, 60*time.Second, "controller A inside its charging transaction", func() bool {
-		return a.Lines(pauseLine, 1) != ""
-	}, a.Proc)
-	if n := chargeRows(); n != before {
-		t.Fatalf("%d charges before controller A's pass, %d while its transaction is open", before, n)
-	}
-	a.Kill()
-	killed := time.Now()
-	if n := chargeRows(); n != before {
-		t.Fatalf("controller A was killed before its commit, yet the ledger went from %d to %d charges", before, n)
-	}
-
-	// Two operators' passes at once (nimbus admin billing run, which
-	// takes no lease) catch the backlog up at once, while another
-	// controller starts and takes the job over once A's lease lapses.
-	adminPasses := func() {
+	// Two operators' passes at once, as real processes (nimbus admin
+	// billing run takes no lease).
+	adminPasses := func() error {
 		var wg sync.WaitGroup
 		outs := make([]string, 2)
 		errs := make([]error, 2)
@@ -289,16 +271,49 @@ func TestChargingUnderFaults(t *testing.T) {
 		wg.Wait()
 		for i := range 2 {
 			if errs[i] != nil {
-				t.Fatalf("admin billing run: %v\n%s", errs[i], outs[i])
+				return fmt.Errorf("admin billing run: %v\n%s", errs[i], outs[i])
 			}
 		}
+		return nil
 	}
-	adminDone := make(chan time.Duration, 1)
-	go func() { adminPasses(); adminDone <- time.Since(killed) }()
+
+	// A controller that pauses inside each charging transaction, killed
+	// there while the two operators' passes run beside it: they insert
+	// the same charges, so they wait on its open transaction, and go on
+	// once the kill has rolled it back.
+	const pauseLine = "billing: fault test pause before commit"
+	creditLimit := []string{"--billing-credit-limit", "1000000000000"}
+	a := regiontest.StartController(t, "controller-a", regiontest.ControllerConfig{Bin: bin, DatabaseURL: dbURL, CA: dir1,
+		Args: creditLimit, Env: []string{"NIMBUS_FAULT_CHARGE_PAUSE=20s"}})
+	regiontest.WaitFor(t, 60*time.Second, "controller A inside its charging transaction", func() bool {
+		return a.Lines(pauseLine, 1) != ""
+	}, a.Proc)
+	if n := chargeRows(); n != before {
+		t.Fatalf("%d charges before controller A's pass, %d while its transaction is open", before, n)
+	}
+	adminDone := make(chan error, 1)
+	var adminEnd time.Time
+	go func() { err := adminPasses(); adminEnd = time.Now(); adminDone <- err }()
+	select {
+	case err := <-adminDone:
+		t.Errorf("the operators' passes ended (%v) while controller A's transaction held their charges: they did not wait on it", err)
+		adminDone <- err
+	case <-time.After(2 * time.Second):
+	}
+	if n := chargeRows(); n != before {
+		t.Fatalf("%d charges before controller A's pass, %d while its transaction is open beside the operators'", before, n)
+	}
+	a.Kill()
+	killed := time.Now()
+
+	// Another controller starts meanwhile, and takes the job over once
+	// A's lease lapses.
 	b := regiontest.StartController(t, "controller-b", regiontest.ControllerConfig{Bin: bin, DatabaseURL: dbURL, CA: dir1, Args: creditLimit})
-	caughtUp := <-adminDone
-	t.Logf("two concurrent admin passes caught the backlog up %.1f s after the kill: %d charges were %d",
-		caughtUp.Seconds(), chargeRows(), before)
+	if err := <-adminDone; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the operators' two passes, waiting on A's transaction, caught the backlog up %.2f s after the kill: %d charges were %d",
+		adminEnd.Sub(killed).Seconds(), chargeRows(), before)
 	jobRan := func() bool {
 		var v string
 		if err := db.QueryRow(ctx, "SELECT last_run FROM lease_jobs WHERE name = 'billing-charge'").Scan(&v); err != nil {
@@ -315,7 +330,9 @@ func TestChargingUnderFaults(t *testing.T) {
 	var final time.Time
 	for try := 0; ; try++ {
 		t0 := time.Now().UTC()
-		adminPasses()
+		if err := adminPasses(); err != nil {
+			t.Fatal(err)
+		}
 		if t1 := time.Now().UTC(); hourOf(t0).Equal(hourOf(t1)) || try > 0 {
 			final = hourOf(t1)
 			break
