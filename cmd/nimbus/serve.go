@@ -112,7 +112,32 @@ func productionRules(cfg *cloud.Config) []flagRule {
 		{cfg.Billing.TestPayments, "--billing-test-payments", "is refused by --production: its providers credit money nobody paid"},
 		{cfg.TLS.CertFile == "" && cfg.TLS.ACME == nil, "--production", "needs a certificate customers' browsers trust: --tls-cert and --tls-key, or --acme-email"},
 		{cfg.PlainHTTP, "--production", "serves HTTPS only"},
+		{os.Getenv(faultChargePause) != "", faultChargePause, "is a fault test's pause inside billing's charging transactions: refused by --production"},
 	}
+}
+
+// faultChargePause names the environment variable (a duration) that makes
+// each charging transaction wait, after its inserts and before its commit,
+// so that a fault test can kill the controller there
+// (test/e2e/charging_faults_test.go). --production refuses it, and a
+// controller that honours it says so in its log at every pause.
+const faultChargePause = "NIMBUS_FAULT_CHARGE_PAUSE"
+
+// faultHooks installs the fault tests' hooks that the environment asks for.
+func faultHooks(cfg *cloud.Config, log *slog.Logger) error {
+	v := os.Getenv(faultChargePause)
+	if v == "" {
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return fmt.Errorf("%s: want a positive duration, got %q", faultChargePause, v)
+	}
+	cfg.Billing.BeforeCommit = func() {
+		log.Warn("billing: fault test pause before commit", "env", faultChargePause, "pause", d)
+		time.Sleep(d)
+	}
+	return nil
 }
 
 func checkServeFlags(cfg *cloud.Config) error {
@@ -324,6 +349,9 @@ func serve(args []string) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	slog.SetDefault(log)
 	cfg.Log = log
+	if err := faultHooks(&cfg, log); err != nil {
+		return err
+	}
 	if *fleetFile != "" {
 		hosts, err := fake.LoadFleet(*fleetFile)
 		if err != nil {

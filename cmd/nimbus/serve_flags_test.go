@@ -104,6 +104,23 @@ func TestCheckServeFlags(t *testing.T) {
 	}
 }
 
+// TestFaultPauseRefusedInProduction: the fault tests' pause inside
+// billing's charging transactions is refused by --production, so that a
+// stray environment variable cannot stall a real region's charging.
+func TestFaultPauseRefusedInProduction(t *testing.T) {
+	t.Setenv(faultChargePause, "5s")
+	cfg := cloud.Config{DownAfter: fleet.DefaultDownAfter, AgentHeartbeat: 10 * time.Second, OpTimeout: fleet.DefaultOpTimeout,
+		Identity: identity.DefaultLimits, HTTP: cloud.DefaultHTTPLimits,
+		Billing: billing.Config{MinTopup: 10000, MaxTopup: 100_000_000, MaxBalance: 10_000_000_000}}
+	if err := checkServeFlags(&cfg); err != nil {
+		t.Fatalf("refused outside production: %v", err)
+	}
+	cfg.Production, cfg.PublicHost, cfg.TLS.ACME = true, "cloud.example.com", acme("ops@example.com", pki.LetsEncrypt)
+	if err := checkServeFlags(&cfg); err == nil || !strings.HasPrefix(err.Error(), faultChargePause+" ") {
+		t.Fatalf("--production with %s: %v", faultChargePause, err)
+	}
+}
+
 func acme(email, dir string) *pki.ACME { return &pki.ACME{Email: email, Directory: dir} }
 
 // TestServeTLSAndProxyFlags: the flags read while parsing (the others are

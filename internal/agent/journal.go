@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"time"
@@ -150,7 +151,13 @@ func (j *journal) write(e *journalEntry) error {
 	if j.f == nil {
 		return errors.New("agent: journal closed")
 	}
+	// A write cut short (a full disk) is cut off again, so that the next
+	// line does not run on from a torn one and tear it too.
+	end, serr := j.f.Seek(0, io.SeekEnd)
 	if _, err := j.f.Write(append(b, '\n')); err != nil {
+		if serr == nil {
+			j.f.Truncate(end)
+		}
 		return fmt.Errorf("agent: journal: %w", err)
 	}
 	if e.Acked {

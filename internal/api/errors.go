@@ -72,7 +72,8 @@ func PolicyForbidden(rule string) *Error {
 // AsError turns any error into an *Error. Errors that carry no status become
 // 404 for store.ErrNotFound, 409 for store.ErrConflict, 503 when the
 // database is away (store.IsUnavailable: down, restarting, failing over)
-// or the request's deadline passed, and 500 otherwise; the 5xx messages
+// or the request's deadline passed, 503 when the disk it writes to is
+// full (store.IsFull), and 500 otherwise; the 5xx messages
 // never leak the internal error text.
 func AsError(err error) *Error {
 	var e *Error
@@ -84,6 +85,10 @@ func AsError(err error) *Error {
 		return NotFound("Resource could not be found.")
 	case errors.Is(err, store.ErrConflict):
 		return Conflict("Conflict.")
+	case store.IsFull(err):
+		u := StorageFull()
+		u.Cause = err
+		return u
 	case store.IsUnavailable(err), errors.Is(err, context.DeadlineExceeded):
 		// The database is away, or the request outlived its deadline
 		// waiting for it (Service.Deadline).
@@ -105,6 +110,19 @@ func Unavailable() *Error {
 	return &Error{Status: http.StatusServiceUnavailable,
 		Message: "The service is temporarily unavailable: its database cannot be reached. Please retry.",
 		Header:  http.Header{"Retry-After": {strconv.Itoa(RetryAfter)}}}
+}
+
+// RetryAfterFull is the Retry-After, in seconds, of a 503 for storage
+// that is full: freeing space takes the operator a while.
+const RetryAfterFull = 30
+
+// StorageFull is the 503 of a request the service cannot serve now
+// because the disk it writes to is full (store.IsFull). A client may send
+// it again after Retry-After; reads go on meanwhile.
+func StorageFull() *Error {
+	return &Error{Status: http.StatusServiceUnavailable,
+		Message: "The service is temporarily unavailable: its storage is full. Please retry later.",
+		Header:  http.Header{"Retry-After": {strconv.Itoa(RetryAfterFull)}}}
 }
 
 // ErrorRenderer writes an *Error in one service's wire shape.

@@ -79,6 +79,12 @@ type Config struct {
 	TestPayments bool
 	// Now is the clock (default time.Now); tests inject theirs.
 	Now func() time.Time
+	// BeforeCommit, when set, runs inside each charging transaction after
+	// its inserts and before its commit: fault tests pause or kill the
+	// process there (nimbus serve sets it only from
+	// NIMBUS_FAULT_CHARGE_PAUSE, which --production refuses). Never set
+	// in production.
+	BeforeCommit func()
 	// Log gets the charging job's lines (default slog.Default()).
 	Log *slog.Logger
 }
@@ -145,9 +151,6 @@ type Service struct {
 	// here (ownLeases) unless the region's are shared (SetLeases).
 	leases    *lease.Manager
 	ownLeases bool
-	// crashHook, when set, runs inside each charging transaction after its
-	// inserts and before the commit: tests kill the process there.
-	crashHook func()
 	// rate is the parsed presentation rate (presentationRate).
 	rateOnce sync.Once
 	rate     *big.Rat

@@ -410,8 +410,8 @@ func (p *pass) writeCharges(ctx context.Context, charges []charge, projects map[
 				return err
 			}
 		}
-		if p.s.crashHook != nil {
-			p.s.crashHook()
+		if p.s.cfg.BeforeCommit != nil {
+			p.s.cfg.BeforeCommit()
 		}
 		return nil
 	})

@@ -292,13 +292,12 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		b := New(db, Config{BatchSize: 100})
 		n := 0
-		b.crashHook = func() {
+		b := New(db, Config{BatchSize: 100, BeforeCommit: func() {
 			if n++; n == 3 {
 				os.Exit(3) // no deferred work, no commit: as a kill would
 			}
-		}
+		}})
 		_, err = b.ChargeUntil(context.Background(), at(os.Getenv(crashEnv+"_AT")))
 		fmt.Fprintln(os.Stderr, "charging pass did not crash:", err)
 		os.Exit(1)

@@ -22,6 +22,13 @@ import (
 // reconnects by itself once a primary takes connections again.
 var ErrUnavailable = errors.New("database unavailable")
 
+// ErrStorageFull is returned when a write finds no room: the file system
+// under the database or the data directory is full (ENOSPC, SQLite's
+// SQLITE_FULL, PostgreSQL's disk_full). Like ErrUnavailable it is the
+// service's fault and passes once the operator frees space: the APIs
+// answer 503 with Retry-After, and nothing needs restarting.
+var ErrStorageFull = errors.New("storage full")
+
 // errKind is what an engine error means to Nimbus.
 type errKind int
 
@@ -30,6 +37,7 @@ const (
 	kindConflict            // a uniqueness rule: ErrConflict
 	kindRetry               // a serialization failure or deadlock: run the transaction again
 	kindUnavailable         // the database is away: ErrUnavailable
+	kindFull                // no room to write: ErrStorageFull
 )
 
 // kindOf is the one rule that reads engine errors; classify, Tx's retry
@@ -40,6 +48,9 @@ func kindOf(err error) errKind {
 	}
 	if errors.Is(err, ErrUnavailable) {
 		return kindUnavailable
+	}
+	if errors.Is(err, ErrStorageFull) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return kindFull
 	}
 	if errors.Is(err, ErrConflict) {
 		return kindConflict
@@ -74,6 +85,8 @@ func textKind(msg string) errKind {
 		return kindConflict
 	case has("SQLSTATE 40001", "SQLSTATE 40P01", "database is locked", "SQLITE_BUSY"):
 		return kindRetry
+	case has("SQLSTATE 53100", "database or disk is full", "no space left on device"):
+		return kindFull
 	}
 	return kindOther
 }
@@ -85,6 +98,8 @@ func postgresKind(code string) errKind {
 		return kindConflict
 	case code == "40001" || code == "40P01": // serialization_failure, deadlock_detected
 		return kindRetry
+	case code == "53100": // disk_full
+		return kindFull
 	case strings.HasPrefix(code, "08"), // connection_exception and its kinds
 		code == "57P01", // admin_shutdown: a fast shutdown, or Patroni demoting the primary
 		code == "57P02", // crash_shutdown: another backend crashed
@@ -103,6 +118,8 @@ func sqliteKind(code int) errKind {
 		return kindConflict
 	case code&0xff == sqlite3.SQLITE_BUSY, code&0xff == sqlite3.SQLITE_LOCKED:
 		return kindRetry
+	case code&0xff == sqlite3.SQLITE_FULL:
+		return kindFull
 	}
 	return kindOther
 }
@@ -149,6 +166,11 @@ func classify(err error) error {
 			return err
 		}
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case kindFull:
+		if errors.Is(err, ErrStorageFull) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", ErrStorageFull, err)
 	}
 	return err
 }
@@ -159,3 +181,7 @@ func isRetryable(err error) bool { return kindOf(err) == kindRetry }
 // ErrUnavailable), whether or not the store classified it: errors read
 // from rows reach callers as the driver gave them.
 func IsUnavailable(err error) bool { return kindOf(err) == kindUnavailable }
+
+// IsFull tells whether err means there was no room to write (see
+// ErrStorageFull): the database's or any file the service writes.
+func IsFull(err error) bool { return kindOf(err) == kindFull }

@@ -46,6 +46,11 @@ func TestKindOf(t *testing.T) {
 		{"flattened unique violation", fmt.Errorf("x: %v", &pgconn.PgError{Code: "23505"}), kindConflict},
 		{"flattened SQLite conflict", errors.New("x: constraint failed: UNIQUE constraint failed: t.a (2067)"), kindConflict},
 		{"flattened SQLite busy", errors.New("x: database is locked (5) (SQLITE_BUSY)"), kindRetry},
+		{"disk full", pg("53100"), kindFull},
+		{"no space left on device", fmt.Errorf("write x: %w", syscall.ENOSPC), kindFull},
+		{"over quota", fmt.Errorf("write x: %w", syscall.EDQUOT), kindFull},
+		{"already full", fmt.Errorf("%w: x", ErrStorageFull), kindFull},
+		{"flattened SQLite full", errors.New("x: database or disk is full (13)"), kindFull},
 	}
 	for _, tt := range tests {
 		if got := kindOf(tt.err); got != tt.want {

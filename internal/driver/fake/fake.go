@@ -474,8 +474,17 @@ func (d *Driver) persist(r record) error {
 		d.jmu.Unlock()
 		return nil
 	}
-	d.written[r.id] = r.seq
+	// A write cut short (a full disk) is cut off again: a torn line
+	// followed by others would make the journal unreadable at the next
+	// start. The record counts as unwritten, so a later one is tried.
+	end, serr := d.journal.Seek(0, io.SeekEnd)
 	_, err := d.journal.Write(r.line)
+	if err != nil && serr == nil {
+		d.journal.Truncate(end)
+	}
+	if err == nil {
+		d.written[r.id] = r.seq
+	}
 	d.lines++
 	grown := d.lines > 1000 && d.lines > 8*len(d.written)
 	d.jmu.Unlock()

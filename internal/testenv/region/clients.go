@@ -19,6 +19,7 @@ import (
 type Clients struct {
 	Admin, Demo                *gophercloud.ProviderClient
 	Compute, Network           *gophercloud.ServiceClient // the demo project's
+	Volume, Image              *gophercloud.ServiceClient // the demo project's
 	AdminCompute, AdminNetwork *gophercloud.ServiceClient
 	DemoProject                string
 }
@@ -33,6 +34,13 @@ func Connect(t testing.TB, identityURL, caFile string, deadline time.Duration) *
 	}
 	c.Compute, c.Network = services(t, c.Demo)
 	c.AdminCompute, c.AdminNetwork = services(t, c.Admin)
+	var err error
+	if c.Volume, err = openstack.NewBlockStorageV3(c.Demo, gophercloud.EndpointOpts{}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Image, err = openstack.NewImageV2(c.Demo, gophercloud.EndpointOpts{}); err != nil {
+		t.Fatal(err)
+	}
 	res, ok := c.Demo.GetAuthResult().(tokens.CreateResult)
 	if !ok {
 		t.Fatalf("auth result %T", c.Demo.GetAuthResult())
@@ -94,6 +102,16 @@ func (c *Clients) Unlimit(t testing.TB) {
 		&gophercloud.RequestOpts{OkCodes: []int{http.StatusOK}})
 	if err != nil {
 		t.Fatalf("network quotas: %v", err)
+	}
+	av, err := openstack.NewBlockStorageV3(c.Admin, gophercloud.EndpointOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = av.Put(ctx, av.ServiceURL("os-quota-sets", projectID),
+		map[string]any{"quota_set": map[string]int{"volumes": -1, "gigabytes": -1}}, nil,
+		&gophercloud.RequestOpts{OkCodes: []int{http.StatusOK}})
+	if err != nil {
+		t.Fatalf("volume quotas: %v", err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -31,6 +32,7 @@ type Controller struct {
 	Ports map[string]int // by service name
 	bin   string
 	args  []string
+	env   []string
 }
 
 // ControllerConfig says how to start a controller.
@@ -48,6 +50,11 @@ type ControllerConfig struct {
 	CA string
 	// Extra flags.
 	Args []string
+	// Env is added to the process's environment.
+	Env []string
+	// Dir is the data directory (default a new one in the test's
+	// temporary directory).
+	Dir string
 }
 
 // StartController starts nimbus serve and waits until /healthz answers.
@@ -56,12 +63,9 @@ func StartController(t testing.TB, name string, cfg ControllerConfig) *Controlle
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1"
 	}
-	c := &Controller{Dir: filepath.Join(t.TempDir(), name), Addr: cfg.Addr, Ports: cfg.Ports, bin: cfg.Bin}
-	if c.Ports == nil {
-		c.Ports = map[string]int{}
-		for _, s := range Services {
-			c.Ports[s] = FreePort(t, cfg.Addr)
-		}
+	c := &Controller{Dir: cfg.Dir, Addr: cfg.Addr, Ports: cfg.Ports, bin: cfg.Bin, env: cfg.Env}
+	if c.Dir == "" {
+		c.Dir = filepath.Join(t.TempDir(), name)
 	}
 	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -77,29 +81,56 @@ func StartController(t testing.TB, name string, cfg ControllerConfig) *Controlle
 			}
 		}
 	}
-	c.args = []string{"serve", "--data-dir", c.Dir, "--database-url", cfg.DatabaseURL, "--listen", cfg.Addr,
-		"--admin-password", AdminPassword, "--demo-password", DemoPassword, "--log-level", "warn"}
-	if cfg.PublicHost != "" {
-		c.args = append(c.args, "--public-host", cfg.PublicHost)
+	// A port found free may be taken before the controller binds it (an
+	// outgoing connection's local port, from the same range): ports of
+	// the test's choosing are chosen again, a few times.
+	for try := 1; ; try++ {
+		if cfg.Ports == nil {
+			c.Ports = map[string]int{}
+			for _, s := range Services {
+				c.Ports[s] = FreePort(t, cfg.Addr)
+			}
+		}
+		c.args = []string{"serve", "--data-dir", c.Dir, "--database-url", cfg.DatabaseURL, "--listen", cfg.Addr,
+			"--admin-password", AdminPassword, "--demo-password", DemoPassword, "--log-level", "warn"}
+		if cfg.PublicHost != "" {
+			c.args = append(c.args, "--public-host", cfg.PublicHost)
+		}
+		for _, s := range Services {
+			c.args = append(c.args, "--"+s+"-port", strconv.Itoa(c.Ports[s]))
+		}
+		c.args = append(c.args, cfg.Args...)
+		if c.start(t, name) || cfg.Ports != nil || try == 3 ||
+			!strings.Contains(c.Proc.Tail(), "address already in use") {
+			break
+		}
 	}
-	for _, s := range Services {
-		c.args = append(c.args, "--"+s+"-port", strconv.Itoa(c.Ports[s]))
-	}
-	c.args = append(c.args, cfg.Args...)
-	c.Restart(t, name)
+	c.healthy(t, name)
 	return c
 }
 
 // Restart starts the controller's process again with the same flags.
 func (c *Controller) Restart(t testing.TB, name string) {
 	t.Helper()
-	c.Proc = Start(t, name, nil, []string{"NIMBUS_DATABASE_URL=", "NIMBUS_DATA_DIR="}, c.bin, c.args...)
-	WaitFor(t, 60*time.Second, name+" healthy", func() bool {
-		if c.Proc.Exited() {
-			t.Fatalf("%s exited\n%s", name, c.Proc.Tail())
-		}
-		return c.Healthz() == http.StatusOK
-	}, c.Proc)
+	c.start(t, name)
+	c.healthy(t, name)
+}
+
+// start starts the process and waits until it serves or exits; it
+// answers whether it serves.
+func (c *Controller) start(t testing.TB, name string) bool {
+	t.Helper()
+	c.Proc = Start(t, name, nil, append([]string{"NIMBUS_DATABASE_URL=", "NIMBUS_DATA_DIR="}, c.env...), c.bin, c.args...)
+	WaitFor(t, 60*time.Second, name+" healthy", func() bool { return c.Proc.Exited() || c.Healthz() == http.StatusOK }, c.Proc)
+	return !c.Proc.Exited()
+}
+
+// healthy fails the test when the process exited.
+func (c *Controller) healthy(t testing.TB, name string) {
+	t.Helper()
+	if c.Proc.Exited() {
+		t.Fatalf("%s exited\n%s", name, c.Proc.Tail())
+	}
 }
 
 // CACert is the controller's CA file.

@@ -1,6 +1,7 @@
 package region
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,6 +41,11 @@ type Load struct {
 	Image, Flavor, Net string
 	Deadline           time.Duration
 	Every              time.Duration // a worker's pause between requests
+	// Volumes and Images, when set, add a worker's volume creates (1 GB)
+	// and another's image creates, each followed by an upload of
+	// ImageBytes of data.
+	Volumes, Images *gophercloud.ServiceClient
+	ImageBytes      int
 
 	mu   sync.Mutex
 	reqs []Request
@@ -58,17 +64,25 @@ func (l *Load) Run(workers int) (stop func() []Request) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ops := []func(context.Context) Request{l.keypair, l.securityGroup, l.list}
+			one := func(op func(context.Context) Request) func(context.Context) []Request {
+				return func(ctx context.Context) []Request { return []Request{op(ctx)} }
+			}
+			ops := []func(context.Context) []Request{one(l.keypair), one(l.securityGroup), one(l.list)}
 			if w == 0 && l.Image != "" {
-				ops = append(ops, l.server)
+				ops = append(ops, one(l.server))
+			}
+			if w == 1 && l.Volumes != nil {
+				ops = append(ops, one(l.volume))
+			}
+			if w == 2 && l.Images != nil {
+				ops = append(ops, l.image)
 			}
 			for i := w; ctx.Err() == nil; i++ {
 				rctx, rcancel := context.WithTimeout(context.Background(), l.Deadline)
-				r := ops[i%len(ops)](rctx)
+				rs := ops[i%len(ops)](rctx)
 				rcancel()
-				r.End = time.Now()
 				l.mu.Lock()
-				l.reqs = append(l.reqs, r)
+				l.reqs = append(l.reqs, rs...)
 				l.mu.Unlock()
 				select {
 				case <-ctx.Done():
@@ -92,6 +106,7 @@ func (l *Load) do(ctx context.Context, op string, sc *gophercloud.ServiceClient,
 	var out map[string]any
 	opts := &gophercloud.RequestOpts{JSONBody: body, JSONResponse: &out, OkCodes: []int{ok}}
 	resp, err := sc.Request(ctx, method, url, opts)
+	r.End = time.Now()
 	var ue gophercloud.ErrUnexpectedResponseCode
 	switch {
 	case err == nil:
@@ -138,6 +153,56 @@ func (l *Load) server(ctx context.Context) Request {
 		func(out map[string]any) string { return field(out, "server", "id") })
 }
 
+func (l *Load) volume(ctx context.Context) Request {
+	name := fmt.Sprintf("load-%d", l.n.Add(1))
+	return l.do(ctx, "volume", l.Volumes, http.MethodPost, l.Volumes.ServiceURL("volumes"),
+		map[string]any{"volume": map[string]any{"name": name, "size": 1}}, http.StatusAccepted,
+		func(out map[string]any) string { return field(out, "volume", "id") })
+}
+
+// image makes an image record and, when that succeeds, uploads its data:
+// two requests.
+func (l *Load) image(ctx context.Context) []Request {
+	name := fmt.Sprintf("load-%d", l.n.Add(1))
+	r := l.do(ctx, "image", l.Images, http.MethodPost, l.Images.ServiceURL("images"),
+		map[string]any{"name": name, "disk_format": "raw", "container_format": "bare"}, http.StatusCreated,
+		func(out map[string]any) string { s, _ := out["id"].(string); return s })
+	if r.Status != http.StatusCreated || r.ID == "" {
+		return []Request{r}
+	}
+	u := Request{Op: "image data", Start: time.Now(), ID: r.ID}
+	resp, err := l.Images.Request(ctx, http.MethodPut, l.Images.ServiceURL("images", r.ID, "file"), &gophercloud.RequestOpts{
+		RawBody: bytes.NewReader(imageData(l.ImageBytes)), MoreHeaders: map[string]string{"Content-Type": "application/octet-stream"},
+		OkCodes: []int{http.StatusNoContent}})
+	u.End = time.Now()
+	var ue gophercloud.ErrUnexpectedResponseCode
+	switch {
+	case err == nil:
+		u.Status = resp.StatusCode
+	case errors.As(err, &ue):
+		u.Status, u.Body, u.RetryAfter = ue.Actual, ue.Body, ue.ResponseHeader.Get("Retry-After")
+	default:
+		u.Err = err
+		if ctx.Err() != nil {
+			u.Err = fmt.Errorf("%w: %v", context.DeadlineExceeded, err)
+		}
+	}
+	return []Request{r, u}
+}
+
+// imageData is an upload of n bytes that compress badly.
+func imageData(n int) []byte {
+	b := make([]byte, n)
+	x := uint32(2463534242)
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b[i] = byte(x)
+	}
+	return b
+}
+
 func (l *Load) list(ctx context.Context) Request {
 	return l.do(ctx, "list", l.Compute, http.MethodGet, l.Compute.ServiceURL("servers")+"?limit=5", nil, http.StatusOK, nil)
 }
@@ -164,14 +229,25 @@ func (l *Load) Missing(t testing.TB, reqs []Request) []Request {
 			sc, url = l.Network, l.Network.ServiceURL("security-groups", r.ID)
 		case "server":
 			sc, url = l.Compute, l.Compute.ServiceURL("servers", r.ID)
+		case "volume":
+			sc, url = l.Volumes, l.Volumes.ServiceURL("volumes", r.ID)
+		case "image", "image data":
+			sc, url = l.Images, l.Images.ServiceURL("images", r.ID)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := sc.Get(ctx, url, nil, &gophercloud.RequestOpts{OkCodes: []int{200}, KeepResponseBody: true})
+		var out map[string]any
+		_, err := sc.Get(ctx, url, &out, &gophercloud.RequestOpts{OkCodes: []int{200}})
 		cancel()
 		if err != nil {
 			if !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
 				t.Fatalf("check %s %s: %v", r.Op, r.ID, err)
 			}
+			lost = append(lost, r)
+			continue
+		}
+		// An upload acknowledged has its data: the image is active, of
+		// the size sent.
+		if r.Op == "image data" && (out["status"] != "active" || fmt.Sprint(out["size"]) != strconv.Itoa(l.ImageBytes)) {
 			lost = append(lost, r)
 		}
 	}
@@ -239,10 +315,18 @@ func (s Summary) String() string {
 
 // check503 holds a 503 to its service's error body: Nova's (and Cinder's)
 // {"serviceUnavailable": {"code": 503, ...}}, Neutron's NeutronError,
-// Keystone's {"error": {"code": 503}}; and a Retry-After in seconds.
+// Keystone's {"error": {"code": 503}}, Glance's {"code": 503, "title":
+// ...}; and a Retry-After in seconds.
 func check503(r Request) error {
 	if n, err := strconv.Atoi(r.RetryAfter); err != nil || n < 1 {
 		return fmt.Errorf("503 with Retry-After %q", r.RetryAfter)
+	}
+	var glance struct {
+		Code  int    `json:"code"`
+		Title string `json:"title"`
+	}
+	if json.Unmarshal(r.Body, &glance) == nil && glance.Code == 503 && glance.Title != "" {
+		return nil // Glance's {"code": 503, "title": ..., "message": ...}
 	}
 	var body map[string]map[string]any
 	if err := json.Unmarshal(r.Body, &body); err != nil {
