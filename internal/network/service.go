@@ -489,7 +489,12 @@ func (s *Service) GetPort(ctx context.Context, projectID string, admin bool, id 
 // address from the network's subnet (fixedIP if given) and the named
 // security groups ("default" when none).
 func (s *Service) CreateServerPort(ctx context.Context, tx *store.Tx, projectID, networkID, serverID, fixedIP string, securityGroups []string) (*Port, error) {
-	n, err := getNet(ctx, tx, networkID)
+	// The network's row alone: a create makes a port per server, and
+	// getNet's list of subnets is not needed here.
+	n, err := scanNet(tx.QueryRow(ctx, "SELECT "+netCols+" FROM networks WHERE id = ?", networkID))
+	if store.IsNoRows(err) {
+		return nil, store.ErrNotFound
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -515,7 +520,8 @@ func (s *Service) CreateServerPort(ctx context.Context, tx *store.Tx, projectID,
 		return nil, err
 	}
 	s.changedAfterCommit(tx) // hoststate.go
-	return s.toPort(ctx, tx, p)
+	return &Port{ID: p.ID, NetworkID: p.NetworkID, NetworkName: n.Name, MACAddress: p.MAC, DeviceID: p.DeviceID,
+		FixedIPs: append([]FixedIP(nil), p.FixedIPs...)}, nil
 }
 
 // serverIPRequest is the fixed_ips request for a server's fixed_ip (nil
