@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"nimbus/internal/cloud"
+	"nimbus/internal/compute"
 	"nimbus/internal/driver"
 )
 
@@ -43,6 +44,8 @@ type benchFlags struct {
 	vmRuns       *int
 	attackers    *int
 	attackFor    *time.Duration
+	wait         *time.Duration
+	short        *bool
 	cpuProfile   *string
 }
 
@@ -65,6 +68,8 @@ func newBenchFlags() (*flag.FlagSet, *benchFlags) {
 	bf.vmRuns = fs.Int("vm-runs", 3, "boots of each kind in the vm scenario")
 	bf.attackers = fs.Int("attackers", 128, "concurrent wrong-password clients in the login-attack scenario")
 	bf.attackFor = fs.Duration("attack-duration", 10*time.Second, "how long the login-attack scenario attacks before a real login")
+	bf.wait = fs.Duration("wait", 5*time.Minute, "how long a scenario waits for its servers to be ACTIVE before it fails")
+	bf.short = fs.Bool("short", false, "a short run of every scenario with small counts, to check that each still passes (scripts/test-all runs it); flags given explicitly still apply")
 	bf.cpuProfile = fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	return fs, bf
 }
@@ -76,7 +81,12 @@ func newBenchFlags() (*flag.FlagSet, *benchFlags) {
 func bench(args []string) error {
 	fs, bf := newBenchFlags()
 	fs.Parse(args)
-	dbURL, only, duration, workers, creates, listSize, resources, placeHosts, placeCreates, panelServers, guestDir, vmRuns, attackers, attackFor, cpuProfile := bf.dbURL, bf.only, bf.duration, bf.workers, bf.creates, bf.listSize, bf.resources, bf.placeHosts, bf.placeCreates, bf.panelServers, bf.guestDir, bf.vmRuns, bf.attackers, bf.attackFor, bf.cpuProfile
+	if *bf.short {
+		if err := shortFlags(fs); err != nil {
+			return err
+		}
+	}
+	dbURL, only, duration, workers, creates, listSize, resources, placeHosts, placeCreates, panelServers, guestDir, vmRuns, attackers, attackFor, wait, cpuProfile := bf.dbURL, bf.only, bf.duration, bf.workers, bf.creates, bf.listSize, bf.resources, bf.placeHosts, bf.placeCreates, bf.panelServers, bf.guestDir, bf.vmRuns, bf.attackers, bf.attackFor, bf.wait, bf.cpuProfile
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -90,7 +100,11 @@ func bench(args []string) error {
 	}
 	want := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
-		want[strings.TrimSpace(s)] = true
+		s = strings.TrimSpace(s)
+		if !slices.Contains(strings.Split(benchShort["only"], ","), s) {
+			return fmt.Errorf("bench: no scenario %q", s)
+		}
+		want[s] = true
 	}
 
 	if want["rss"] {
@@ -109,12 +123,12 @@ func bench(args []string) error {
 		}
 	}
 	if want["place"] {
-		if err := benchPlace(*dbURL, *placeHosts, *placeCreates, *workers); err != nil {
+		if err := benchPlace(*dbURL, *placeHosts, *placeCreates, *workers, *wait); err != nil {
 			return err
 		}
 	}
 	if want["panel"] {
-		if err := benchPanel(*dbURL, *panelServers, *workers); err != nil {
+		if err := benchPanel(*dbURL, *panelServers, *workers, *wait); err != nil {
 			return err
 		}
 	}
@@ -141,7 +155,7 @@ func bench(args []string) error {
 		return err
 	}
 	defer c.Close()
-	b, err := newBenchClient(c, *workers)
+	b, err := newBenchClient(c, *workers, *wait)
 	if err != nil {
 		return err
 	}
@@ -175,6 +189,39 @@ func bench(args []string) error {
 	return nil
 }
 
+// benchShort is what --short changes: every scenario, each small enough
+// that the whole run takes a minute or two on a 2-CPU machine, and a
+// scenario that does not finish fails within a minute instead of five.
+var benchShort = map[string]string{
+	"only":            "tokens,create,detail,rss,charge,place,panel,login-attack,vm",
+	"duration":        "1s",
+	"creates":         "200",
+	"servers":         "1000",
+	"resources":       "5000",
+	"place-hosts":     "100",
+	"place-creates":   "100",
+	"panel-servers":   "100",
+	"vm-runs":         "1",
+	"attackers":       "16",
+	"attack-duration": "1s",
+	"wait":            "1m",
+}
+
+// shortFlags sets the flags of benchShort that the command line did not.
+func shortFlags(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for name, v := range benchShort {
+		if given[name] {
+			continue
+		}
+		if err := fs.Set(name, v); err != nil {
+			return fmt.Errorf("bench --short: %w", err)
+		}
+	}
+	return nil
+}
+
 type benchClient struct {
 	c      *cloud.Cloud
 	http   *http.Client
@@ -183,9 +230,10 @@ type benchClient struct {
 	flavor string
 	image  string
 	net    string
+	wait   time.Duration // for servers to be ACTIVE
 }
 
-func newBenchClient(c *cloud.Cloud, workers int) (*benchClient, error) {
+func newBenchClient(c *cloud.Cloud, workers int, wait time.Duration) (*benchClient, error) {
 	pem, err := os.ReadFile(c.CACertFile)
 	if err != nil {
 		return nil, err
@@ -195,7 +243,7 @@ func newBenchClient(c *cloud.Cloud, workers int) (*benchClient, error) {
 	hc := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: workers * 2, ForceAttemptHTTP2: false,
 	}}
-	b := &benchClient{c: c, http: hc}
+	b := &benchClient{c: c, http: hc, wait: wait}
 	ctx := context.Background()
 	if b.admin, err = c.Identity.Issue(ctx, cloud.AdminUser, c.Secrets.AdminPassword, cloud.AdminProject); err != nil {
 		return nil, err
@@ -360,20 +408,27 @@ func (b *benchClient) unlimitedQuota() error {
 	return fmt.Errorf("no flavor holds the image")
 }
 
+// serverBody asks for exactly count servers: with min_count below
+// max_count, compute silently creates fewer (its bound, the quota, the
+// funds) and the bench would wait for servers that never come; this way a
+// shortfall is the request's error.
 func (b *benchClient) serverBody(name string, count int) map[string]any {
 	return map[string]any{"server": map[string]any{
 		"name": name, "imageRef": b.image, "flavorRef": b.flavor,
 		"networks":  []map[string]string{{"uuid": b.net}},
-		"min_count": 1, "max_count": count,
+		"min_count": count, "max_count": count,
 	}}
 }
 
 // countActive returns how many of the project's servers are ACTIVE.
-func (b *benchClient) countActive() (int, error) {
+func (b *benchClient) countActive() (int, error) { return b.countStatus("ACTIVE") }
+
+// countStatus returns how many of the project's servers have status.
+func (b *benchClient) countStatus(status string) (int, error) {
 	n := 0
 	marker := ""
 	for {
-		url := b.c.ComputeURL + "/servers?status=ACTIVE&limit=1000"
+		url := b.c.ComputeURL + "/servers?status=" + status + "&limit=1000"
 		if marker != "" {
 			url += "&marker=" + marker
 		}
@@ -409,11 +464,13 @@ func (b *benchClient) createToActive(n, batch, workers int) error {
 		go func() {
 			defer wg.Done()
 			for {
+				// The last POST asks only for what is left.
 				i := next.Add(int64(batch))
-				if i > int64(n) {
+				count := min(int64(batch), int64(n)-(i-int64(batch)))
+				if count <= 0 {
 					return
 				}
-				if _, err := b.do("POST", b.c.ComputeURL+"/servers", b.admin, b.serverBody("bench-"+strconv.FormatInt(i, 10), batch), nil); err != nil {
+				if _, err := b.do("POST", b.c.ComputeURL+"/servers", b.admin, b.serverBody("bench-"+strconv.FormatInt(i, 10), int(count)), nil); err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
 				}
@@ -425,26 +482,36 @@ func (b *benchClient) createToActive(n, batch, workers int) error {
 		return e.(error)
 	}
 	accepted := time.Since(start)
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		active, err := b.countActive()
-		if err != nil {
-			return err
-		}
-		if active-before >= n {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("create: only %d of %d servers ACTIVE after 5 minutes", active-before, n)
-		}
-		// Polling lists every ACTIVE server: keep it rare so it does not
-		// take the CPU it measures.
-		time.Sleep(150 * time.Millisecond)
+	// Polling lists every ACTIVE server: keep it rare so it does not take
+	// the CPU it measures.
+	if err := b.waitActive("create", before+n, 150*time.Millisecond); err != nil {
+		return err
 	}
 	total := time.Since(start)
 	fmt.Printf("create accepted, %2d per POST:            %8.0f /s  (%d in %s)\n", batch, float64(n)/accepted.Seconds(), n, accepted.Round(time.Millisecond))
 	fmt.Printf("create to ACTIVE, %2d per POST:           %8.0f /s  (%d in %s, fake driver, delay 0)\n", batch, float64(n)/total.Seconds(), n, total.Round(time.Millisecond))
 	return nil
+}
+
+// waitActive polls every poll until the project has want ACTIVE servers. A
+// server in ERROR, or the time running out (b.wait), fails the scenario
+// at once rather than leaving it to spin.
+func (b *benchClient) waitActive(scenario string, want int, poll time.Duration) error {
+	for deadline := time.Now().Add(b.wait); ; time.Sleep(poll) {
+		n, err := b.countActive()
+		if err != nil {
+			return fmt.Errorf("%s: %w", scenario, err)
+		}
+		if n >= want {
+			return nil
+		}
+		if failed, err := b.countStatus("ERROR"); err != nil || failed > 0 {
+			return fmt.Errorf("%s: %d servers in ERROR (%v)", scenario, failed, err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: only %d of %d servers ACTIVE after %s", scenario, n, want, b.wait)
+		}
+	}
 }
 
 // detail fills the store to total servers with multi-create requests, then
@@ -455,23 +522,14 @@ func (b *benchClient) detail(total int) error {
 		return err
 	}
 	for have < total {
-		batch := min(500, total-have)
+		batch := min(compute.MaxCreateCount, total-have)
 		if _, err := b.do("POST", b.c.ComputeURL+"/servers", b.admin, b.serverBody("fill", batch), nil); err != nil {
-			return err
+			return fmt.Errorf("detail: %w", err)
 		}
 		have += batch
 	}
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		n, err := b.countActive()
-		if err != nil {
-			return err
-		}
-		if n >= total {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("detail: only %d of %d servers ACTIVE", n, total)
-		}
+	if err := b.waitActive("detail", total, 100*time.Millisecond); err != nil {
+		return err
 	}
 	// Time the request and the whole body's arrival, not the client's JSON
 	// decoding; the page is checked once, outside the timing.
@@ -513,6 +571,7 @@ func (b *benchClient) detail(total int) error {
 // serveChild is `nimbus serve` run as a child process on loopback.
 type serveChild struct {
 	cmd         *exec.Cmd
+	done        chan struct{} // closed when cmd has exited
 	dataDir     string
 	identityURL string
 }
@@ -528,7 +587,9 @@ func startServe(args ...string) (*serveChild, error) {
 	if err != nil {
 		return nil, err
 	}
-	ports := make([]string, 8)
+	// Every listener on a free port: a default one (the panel's 8443)
+	// may be another cloud's on this machine.
+	ports := make([]string, 9)
 	for i := range ports {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -542,12 +603,15 @@ func startServe(args ...string) (*serveChild, error) {
 	s.cmd = exec.Command(exe, append([]string{"serve", "--data-dir", s.dataDir, "--listen", "127.0.0.1",
 		"--identity-port", ports[0], "--compute-port", ports[1], "--image-port", ports[2], "--network-port", ports[3],
 		"--billing-port", ports[4], "--agent-port", ports[5], "--console-port", ports[6],
-		"--volume-port", ports[7], "--log-level", "warn"}, args...)...)
-	s.cmd.Stdout, s.cmd.Stderr = io.Discard, io.Discard
+		"--volume-port", ports[7], "--panel-port", ports[8], "--log-level", "warn"}, args...)...)
+	var stderr bytes.Buffer
+	s.cmd.Stdout, s.cmd.Stderr = io.Discard, &stderr
 	if err := s.cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
+	s.done = make(chan struct{})
+	go func() { s.cmd.Wait(); close(s.done) }()
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		resp, err := client.Get("https://127.0.0.1:" + ports[0] + "/healthz")
@@ -557,10 +621,16 @@ func startServe(args ...string) (*serveChild, error) {
 				return s, nil
 			}
 		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("nimbus serve did not become healthy")
+		select {
+		case <-s.done:
+		default:
+			if time.Now().Before(deadline) {
+				continue
+			}
 		}
+		// Stopped, the child no longer writes its stderr.
+		s.stop()
+		return nil, fmt.Errorf("nimbus serve did not become healthy: %s", bytes.TrimSpace(stderr.Bytes()))
 	}
 }
 
@@ -568,7 +638,7 @@ func (s *serveChild) pid() string { return strconv.Itoa(s.cmd.Process.Pid) }
 
 func (s *serveChild) stop() {
 	s.cmd.Process.Signal(os.Interrupt)
-	s.cmd.Wait()
+	<-s.done
 	os.RemoveAll(filepath.Dir(s.dataDir))
 }
 

@@ -23,7 +23,7 @@ import (
 // in the account, a page of 100 and all 1,000 at once, and the
 // configurator with its price, quota and live capacity; then the list
 // under workers concurrent clients.
-func benchPanel(dbURL string, servers, workers int) error {
+func benchPanel(dbURL string, servers, workers int, wait time.Duration) error {
 	var fleet []driver.Host
 	for i := range 40 {
 		h := driver.Host{Name: fmt.Sprintf("panel-%03d", i), MemoryMB: 512 * 1024, DiskGB: 16000, Zone: "nova",
@@ -31,7 +31,7 @@ func benchPanel(dbURL string, servers, workers int) error {
 		fake.Topology(&h, 2, 40, 1)
 		fleet = append(fleet, h)
 	}
-	c, b, stop, err := startBenchCloud("panel", dbURL, fleet, workers)
+	c, b, stop, err := startBenchCloud("panel", dbURL, fleet, workers, wait)
 	if err != nil {
 		return err
 	}

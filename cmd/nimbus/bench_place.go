@@ -19,7 +19,7 @@ import (
 // (two sockets of 16 cores with two threads, one core each kept for the
 // host, 256 GiB), timed from the first POST to the last server ACTIVE, with
 // the memory the process holds before and after.
-func benchPlace(dbURL string, hosts, creates, workers int) error {
+func benchPlace(dbURL string, hosts, creates, workers int, wait time.Duration) error {
 	fleet := make([]driver.Host, hosts)
 	for i := range fleet {
 		h := driver.Host{Name: fmt.Sprintf("place-%05d", i), MemoryMB: 256 * 1024, DiskGB: 2000, Zone: "nova",
@@ -27,7 +27,7 @@ func benchPlace(dbURL string, hosts, creates, workers int) error {
 		fake.Topology(&h, 2, 16, 1)
 		fleet[i] = h
 	}
-	_, b, stop, err := startBenchCloud("place", dbURL, fleet, workers)
+	_, b, stop, err := startBenchCloud("place", dbURL, fleet, workers, wait)
 	if err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ func benchPlace(dbURL string, hosts, creates, workers int) error {
 // startBenchCloud starts a cloud on the fleet in a fresh data directory
 // (SQLite unless dbURL) and an admin client without quotas; stop closes
 // both and removes the directory.
-func startBenchCloud(name, dbURL string, fleet []driver.Host, workers int) (*cloud.Cloud, *benchClient, func(), error) {
+func startBenchCloud(name, dbURL string, fleet []driver.Host, workers int, wait time.Duration) (*cloud.Cloud, *benchClient, func(), error) {
 	dir, err := os.MkdirTemp("", "nimbus-bench-"+name+"-")
 	if err != nil {
 		return nil, nil, nil, err
@@ -61,7 +61,7 @@ func startBenchCloud(name, dbURL string, fleet []driver.Host, workers int) (*clo
 		return nil, nil, nil, err
 	}
 	stop := func() { c.Close(); os.RemoveAll(dir) }
-	b, err := newBenchClient(c, workers)
+	b, err := newBenchClient(c, workers, wait)
 	if err == nil {
 		err = b.unlimitedQuota()
 	}

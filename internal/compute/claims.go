@@ -633,11 +633,7 @@ func (s *Service) place(ctx context.Context, j *placeJob) error {
 			releaseAll(st, claims)
 			return errNoValidHost
 		}
-		kept := 0
-		zones, err := s.zonesOf(ctx, claims)
-		if err == nil {
-			kept, err = s.placeTx(ctx, j, claims, zones)
-		}
+		kept, err := s.placeTx(ctx, j, claims, claimZones(st, claims))
 		if err == nil {
 			releaseAll(st, claims[kept:])
 			s.keepAll(st, claims[:kept])
@@ -787,6 +783,19 @@ func (s *Service) backfillClaims(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// claimZones gives the availability zone of each claim's host from the
+// snapshot that placed it: the snapshot was given each host's zone from
+// the same hosts and aggregates zonesOf reads, so a create reads neither.
+func claimZones(st *scheduler.State, claims []scheduler.Claim) map[string]string {
+	out := make(map[string]string, len(claims))
+	for _, c := range claims {
+		if _, ok := out[c.Host]; !ok {
+			out[c.Host], _ = st.Zone(c.Host)
+		}
+	}
+	return out
 }
 
 // zonesOf gives the availability zone of each claim's host, as Nova records

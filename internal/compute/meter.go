@@ -29,8 +29,9 @@ func meterKeyOf(sv *server) meterKey {
 	return meterKey{f.ID, f.VCPUs, f.RAM, meteredDiskGB(sv), sv.Doc.OSType, sv.Name}
 }
 
-// moveMeter records sv's usage period when what it is billed as changed.
-func (s *Service) moveMeter(ctx context.Context, q store.Querier, sv *server) error {
+// moveMeter records sv's usage period when what it is billed as changed;
+// fresh is for a server being inserted, which has no period yet.
+func (s *Service) moveMeter(ctx context.Context, q store.Querier, sv *server, fresh bool) error {
 	k := meterKeyOf(sv)
 	if k == sv.metered {
 		return nil
@@ -42,7 +43,11 @@ func (s *Service) moveMeter(ctx context.Context, q store.Querier, sv *server) er
 		sp.Name = sv.Name
 		spec = &sp
 	}
-	if err := metering.Set(ctx, q, metering.KindServer, sv.ID, sv.ProjectID, spec, s.now()); err != nil {
+	set := metering.Set
+	if fresh {
+		set = metering.Open // a server being inserted has no period to end
+	}
+	if err := set(ctx, q, metering.KindServer, sv.ID, sv.ProjectID, spec, s.now()); err != nil {
 		return err
 	}
 	// What the flavor gave the server is paid with the server while the

@@ -341,7 +341,7 @@ func (s *Service) insertServer(ctx context.Context, q store.Querier, sv *server)
 		return err
 	}
 	sv.counted = quotaUseOf(sv)
-	if err := s.moveMeter(ctx, q, sv); err != nil {
+	if err := s.moveMeter(ctx, q, sv, true); err != nil {
 		return err
 	}
 	_, err := q.Exec(ctx, `INSERT INTO compute_servers (`+serverCols+`, work_due) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
@@ -362,7 +362,7 @@ func (s *Service) saveServer(ctx context.Context, q store.Querier, sv *server) e
 		return err
 	}
 	sv.counted = quotaUseOf(sv)
-	if err := s.moveMeter(ctx, q, sv); err != nil {
+	if err := s.moveMeter(ctx, q, sv, false); err != nil {
 		return err
 	}
 	sv.UpdatedAt = s.now()

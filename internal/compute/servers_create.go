@@ -210,10 +210,10 @@ func createCounts(req *createReq) error {
 	if req.MinCount > req.MaxCount {
 		return api.BadRequest("min_count must be <= max_count")
 	}
-	if req.MinCount > maxCreateCount {
-		return api.BadRequest("min_count may be at most %d: no more servers are created in one request.", maxCreateCount)
+	if req.MinCount > MaxCreateCount {
+		return api.BadRequest("min_count may be at most %d: no more servers are created in one request.", MaxCreateCount)
 	}
-	req.MaxCount = min(req.MaxCount, maxCreateCount)
+	req.MaxCount = min(req.MaxCount, MaxCreateCount)
 	if req.Hostname != "" && req.MaxCount > 1 {
 		return api.BadRequest("Cannot specify 'hostname' when 'max_count' is greater than 1.")
 	}
@@ -686,10 +686,10 @@ func (s *Service) quotaRoom(ctx context.Context, project string, f *Flavor, leas
 	return fitQuota(quota, insts, cores, ram, f, least, most)
 }
 
-// maxCreateCount bounds one create request: a client's max_count is cut to
+// MaxCreateCount bounds one create request: a client's max_count is cut to
 // it before any work, so that no request holds a transaction or the
 // scheduler for a number the client chose.
-const maxCreateCount = 200
+const MaxCreateCount = 200
 
 // fitQuota returns how many servers of flavor fit the project's quota, up to
 // most, or Nova's 403 when fewer than least fit. It is closed form and

@@ -133,10 +133,17 @@ func Set(ctx context.Context, q store.Querier, kind, resource, project string, s
 			return err
 		}
 	}
+	return Open(ctx, q, kind, resource, project, spec, at)
+}
+
+// Open is Set for a resource that has no open period (one being created):
+// it only inserts the new period, if any.
+func Open(ctx context.Context, q store.Querier, kind, resource, project string, spec *Spec, at time.Time) error {
 	if spec == nil {
 		return nil
 	}
-	_, err = q.Exec(ctx, `INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at, name)
+	now := store.FormatTime(at)
+	_, err := q.Exec(ctx, `INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at, name)
  VALUES (?, ?, ?, ?, ?, ?, '', ?, ?)`, uuid.Must(uuid.NewV7()).String(), resource, kind, project, store.JSON(spec), now, now, spec.Name)
 	return err
 }

@@ -145,13 +145,19 @@ func insertPort(ctx context.Context, q store.Querier, p *portRow, reqs []ipReque
 	if err != nil {
 		return err
 	}
-	return setPortSGs(ctx, q, p.ID, p.SecurityGroups)
+	// A new port has no groups to replace.
+	return addPortSGs(ctx, q, p.ID, p.SecurityGroups)
 }
 
+// setPortSGs replaces a port's security groups.
 func setPortSGs(ctx context.Context, q store.Querier, portID string, sgs []string) error {
 	if _, err := q.Exec(ctx, "DELETE FROM port_security_groups WHERE port_id = ?", portID); err != nil {
 		return err
 	}
+	return addPortSGs(ctx, q, portID, sgs)
+}
+
+func addPortSGs(ctx context.Context, q store.Querier, portID string, sgs []string) error {
 	for _, g := range sgs {
 		if _, err := q.Exec(ctx, "INSERT INTO port_security_groups (port_id, security_group_id) VALUES (?, ?)", portID, g); err != nil {
 			return err

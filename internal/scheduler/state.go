@@ -22,6 +22,7 @@ type State struct {
 	marks  []mark
 	byName map[string]int
 	zones  map[string]int32 // interned availability zones
+	zoneOf []string         // the names of zones, by number
 	models map[string]int32 // interned GPU models
 
 	// Scratch reused under mu, so that Reserve allocates only its claim.
@@ -82,6 +83,7 @@ func (s *State) SetHost(h driver.Host, zone string, schedulable bool) {
 	if !ok {
 		z = int32(len(s.zones))
 		s.zones[zone] = z
+		s.zoneOf = append(s.zoneOf, zone)
 	}
 	i, ok := s.byName[nh.name]
 	if ok {
@@ -162,6 +164,19 @@ func (s *State) HasHost(name string) bool {
 	defer s.mu.Unlock()
 	_, ok := s.byName[name]
 	return ok
+}
+
+// Zone returns the availability zone the host was last set with; false
+// for an unknown host. Placement records it on the servers it places
+// without asking the store again.
+func (s *State) Zone(name string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, ok := s.byName[name]
+	if !ok {
+		return "", false
+	}
+	return s.zoneOf[s.sums[i].zone], true
 }
 
 // HostUsage is one host's capacity and what is used of it: vCPUs that

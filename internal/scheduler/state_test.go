@@ -439,3 +439,26 @@ func TestRandomized(t *testing.T) {
 		mustCheck(t, s)
 	}
 }
+
+// TestZone checks that a host's zone is the one it was last set with,
+// across hosts sharing zones and a host moved to another.
+func TestZone(t *testing.T) {
+	s := New(Policy{})
+	s.SetHost(countsHost("a", 4, 1024, 10), "nova", true)
+	s.SetHost(countsHost("b", 4, 1024, 10), "east", true)
+	s.SetHost(countsHost("c", 4, 1024, 10), "nova", false)
+	s.SetHost(countsHost("b", 4, 1024, 10), "west", true)
+	for _, tc := range []struct {
+		host, zone string
+		ok         bool
+	}{
+		{"a", "nova", true},
+		{"b", "west", true},
+		{"c", "nova", true},
+		{"d", "", false},
+	} {
+		if z, ok := s.Zone(tc.host); z != tc.zone || ok != tc.ok {
+			t.Errorf("Zone(%q) = %q, %v; want %q, %v", tc.host, z, ok, tc.zone, tc.ok)
+		}
+	}
+}
