@@ -1,7 +1,6 @@
 package cloud_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,24 +17,8 @@ import (
 	"nimbus/internal/cloud"
 	"nimbus/internal/identity"
 	"nimbus/internal/testenv"
+	"nimbus/internal/testenv/syncbuf"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestTrustedProxies: the per-address login limit and the request log see
 // the client a trusted proxy names (X-Forwarded-For, or a PROXY header
@@ -45,7 +27,7 @@ func (s *syncBuffer) String() string {
 func TestTrustedProxies(t *testing.T) {
 	for _, trusted := range []bool{false, true} {
 		t.Run(fmt.Sprintf("trusted=%v", trusted), func(t *testing.T) {
-			var log syncBuffer
+			var log syncbuf.Buffer
 			c := testenv.StartCloud(t, "", func(cfg *cloud.Config) {
 				cfg.NoLocalAgent = true
 				cfg.Identity = identity.Limits{LoginFailuresPerAddress: 2, LoginFailureWindow: time.Minute}

@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +31,7 @@ import (
 	"nimbus/internal/cloud"
 	"nimbus/internal/image"
 	"nimbus/internal/testenv"
+	"nimbus/internal/testenv/syncbuf"
 )
 
 // imageRegion is two controllers on one PostgreSQL database and one Ceph
@@ -497,7 +497,7 @@ func qcow2Image(t *testing.T) []byte {
 func TestRegionImagesQEMU(t *testing.T) {
 	guest := testenv.TestGuest(t)
 	dir := vmDir(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	r := startImageRegion(t, func(cfg *cloud.Config) {
 		cfg.DataDir = dir
 		cfg.Driver = "qemu"
@@ -535,24 +535,6 @@ func TestRegionImagesQEMU(t *testing.T) {
 	if strings.Contains(logs.String(), "not read from Ceph") {
 		t.Errorf("the host fell back to downloading:\n%s", logs.String())
 	}
-}
-
-// syncBuffer is a log destination tests read while it is written.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // BenchmarkImageData measures image upload and download through the

@@ -7,7 +7,6 @@
 package pkitest
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -19,11 +18,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"nimbus/internal/pki"
+	"nimbus/internal/testenv/syncbuf"
 )
 
 // Version is the pebble scripts/test-all installs.
@@ -80,7 +79,7 @@ func Start(t testing.TB, tlsPort int, validity time.Duration) *Pebble {
 	if err := os.WriteFile(cfgFile, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out syncbuf.Buffer
 	cmd := exec.Command(bin, "-config", cfgFile, "-strict")
 	cmd.Env = append(os.Environ(), "PEBBLE_VA_NOSLEEP=1", "PEBBLE_AUTHZREUSE=0")
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -167,21 +166,4 @@ func Verify(chain []*x509.Certificate, roots *x509.CertPool, name string) error 
 	}
 	_, err := chain[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: name})
 	return err
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
