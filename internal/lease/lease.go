@@ -201,27 +201,20 @@ func (m *Manager) Renew(ctx context.Context) error {
 // HeldByOthers is the set of leases named prefix… that another
 // controller holds and has not let expire: the work it owns now.
 func (m *Manager) HeldByOthers(ctx context.Context, prefix string) (map[string]bool, error) {
-	rows, err := m.db.Query(ctx, "SELECT name FROM leases WHERE name LIKE ? AND holder <> ? AND expires_at >= ?",
-		prefix+"%", m.holder, store.FormatTime(m.now()))
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]bool{}
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			return nil, err
-		}
-		out[n] = true
-	}
-	return out, rows.Err()
+	return m.held(ctx, prefix, m.holder)
 }
 
 // Held is the set of leases named prefix… that any controller, this one
 // included, holds and has not let expire.
 func (m *Manager) Held(ctx context.Context, prefix string) (map[string]bool, error) {
-	rows, err := m.db.Query(ctx, "SELECT name FROM leases WHERE name LIKE ? AND expires_at >= ?", prefix+"%", store.FormatTime(m.now()))
+	return m.held(ctx, prefix, "")
+}
+
+// held is the set of live leases named prefix…, less those of holder
+// except (none when "").
+func (m *Manager) held(ctx context.Context, prefix, except string) (map[string]bool, error) {
+	rows, err := m.db.Query(ctx, "SELECT name FROM leases WHERE name LIKE ? AND holder <> ? AND expires_at >= ?",
+		prefix+"%", except, store.FormatTime(m.now()))
 	if err != nil {
 		return nil, err
 	}
