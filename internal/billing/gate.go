@@ -27,7 +27,7 @@ import (
 // (attaching a floating IP it pays for anyway, a server snapshot whose
 // size is not known until it is taken, an image upload).
 func (s *Service) CanSpend(ctx context.Context, project string) error {
-	_, err := s.cover(ctx, project, 0)
+	_, err := s.cover(ctx, project, 0, nil)
 	return err
 }
 
@@ -44,15 +44,19 @@ func (s *Service) CanStart(ctx context.Context, project, kind string, spec meter
 // than least: a multiple create starts as many as are paid for, as it
 // starts as many as fit the quota.
 func (s *Service) Cover(ctx context.Context, project, kind string, spec metering.Spec, least, want int64) (int64, error) {
-	each, err := s.hourlyOf(ctx, kind, spec)
+	p, err := loadPrices(ctx, s.db)
 	if err != nil {
 		return 0, err
+	}
+	each, err := p.HourlyOf(kind, spec, s.cfg.Currency, s.cfg.HoursPerMonth)
+	if err != nil {
+		return 0, api.BadRequest("This cannot be ordered: %v.", err)
 	}
 	need, err := mulMoney(each, least)
 	if err != nil {
 		return 0, api.BadRequest("The price of %d resources is out of range.", least)
 	}
-	left, err := s.cover(ctx, project, need)
+	left, err := s.cover(ctx, project, need, p)
 	if err != nil || each == 0 {
 		return want, err
 	}
@@ -76,7 +80,7 @@ func (s *Service) CanChange(ctx context.Context, project, kind string, from, to 
 	if errTo == nil && after <= before {
 		return nil
 	}
-	_, err = s.cover(ctx, project, max(after-before, 0))
+	_, err = s.cover(ctx, project, max(after-before, 0), p)
 	return err
 }
 
@@ -112,15 +116,17 @@ func fundsOf(f funds, owed int64) Funds {
 // cover answers what is left of project's funds after need, or a 403
 // saying what is missing. It first bounds what the hour now running owes
 // from above — every period touching it at its full price, none netted
-// out for charges or terms, in one grouped query — and prices the hour
-// exactly (Accruing, which reads each period) only when that bound would
-// refuse: a create in a busy account costs one aggregate, not a pass.
-func (s *Service) cover(ctx context.Context, project string, need int64) (int64, error) {
+// out for charges or terms, from the project's counts of open periods
+// (metering.Touching) — and prices the hour exactly (Accruing, which
+// reads each period) only when that bound would refuse: a create in a
+// busy account reads a few rows, not a pass. p is the price list when the
+// caller has read it already, nil otherwise.
+func (s *Service) cover(ctx context.Context, project string, need int64, p *PriceList) (int64, error) {
 	f, err := s.funds(ctx, s.db, project)
 	if err != nil {
 		return 0, err
 	}
-	if bound, err := s.owedAtMost(ctx, project); err != nil {
+	if bound, err := s.owedAtMost(ctx, project, p); err != nil {
 		return 0, err
 	} else if fb := fundsOf(f, bound); fb.Available >= need {
 		return fb.Available - need, nil
@@ -140,14 +146,15 @@ func (s *Service) cover(ctx context.Context, project string, need int64) (int64,
 // the price of every period touching it, summed (Accruing charges each
 // resource once, at its dearest period, less terms and what the ledger
 // has). Overflow answers the largest amount, so the exact price decides.
-func (s *Service) owedAtMost(ctx context.Context, project string) (int64, error) {
+func (s *Service) owedAtMost(ctx context.Context, project string, p *PriceList) (int64, error) {
 	groups, err := metering.Touching(ctx, s.db, project, s.cfg.Now().UTC().Truncate(time.Hour))
 	if err != nil || len(groups) == 0 {
 		return 0, err
 	}
-	p, err := loadPrices(ctx, s.db)
-	if err != nil {
-		return 0, err
+	if p == nil {
+		if p, err = loadPrices(ctx, s.db); err != nil {
+			return 0, err
+		}
 	}
 	var sum int64
 	for _, g := range groups {
@@ -179,18 +186,4 @@ func (s *Service) refusal(project string, f Funds, need int64) error {
 		msg += fmt.Sprintf(", less %s %s the current hour owes,", major(f.Accruing), cur)
 	}
 	return api.Forbidden("%s leaves %s %s. Please top up first: the service is prepaid.", msg, major(f.Available), cur)
-}
-
-// hourlyOf prices one hour of a resource of kind and spec as the charging
-// pass will; a spec the price list cannot price is refused.
-func (s *Service) hourlyOf(ctx context.Context, kind string, spec metering.Spec) (int64, error) {
-	p, err := loadPrices(ctx, s.db)
-	if err != nil {
-		return 0, err
-	}
-	v, err := p.HourlyOf(kind, spec, s.cfg.Currency, s.cfg.HoursPerMonth)
-	if err != nil {
-		return 0, api.BadRequest("This cannot be ordered: %v.", err)
-	}
-	return v, nil
 }

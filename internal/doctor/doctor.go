@@ -92,6 +92,7 @@ var Checks = []Check{
 	{Name: checkChargesMissing, Invariant: "every complete hour a metered resource was used is charged, or covered by a prepaid term", run: ledgerHours},
 	{Name: checkChargesWithoutUsage, Invariant: "no hourly charge is for an hour its resource was not used"},
 	{Name: checkChargesTwice, Invariant: "no resource is charged twice for one hour"},
+	{Name: "open-period-counts", Invariant: "each project's counts of open usage periods, which the spending gate reads, equal its open periods", run: openCounts},
 	{Name: "hosts-silent", Invariant: "every host is presented by an agent that has reported lately", run: hostsSilent},
 	{Name: "vms-without-servers", Invariant: "every VM an agent reports belongs to a live server", run: vmsWithoutServers},
 	{Name: "ports-of-deleted-servers", Invariant: "no port stays bound to a deleted server", run: portsOfDeletedServers},

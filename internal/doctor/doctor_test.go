@@ -256,6 +256,9 @@ func TestDoctor(t *testing.T) {
 				f.exec(t, `INSERT INTO billing_ledger (id, project_id, kind, amount, resource_id, period_start, created_at, reference)
  VALUES (?, ?, 'charge', -100, ?, ?, ?, 'hour:server')`, chargeB, f.project, f.b, store.FormatTime(f.hourStart.Add(-3*time.Hour+30*time.Minute)), store.FormatTime(time.Now()))
 			}, []string{"charges-twice | charge " + chargeB}},
+			{"a project's count of open periods too low", func(t *testing.T) {
+				f.exec(t, "UPDATE metering_open_counts SET open_count = open_count - 1 WHERE project_id = ? AND kind = 'server'", f.project)
+			}, []string{"open-period-counts | project " + f.project}},
 			{"a host whose agent went silent, and a VM there without a server", func(t *testing.T) {
 				var inv string
 				if err := f.c.DB.QueryRow(context.Background(), "SELECT inventory FROM fleet_hosts WHERE name = 'fake-host-4'").Scan(&inv); err != nil {

@@ -132,6 +132,9 @@ func Set(ctx context.Context, q store.Querier, kind, resource, project string, s
 		if _, err := q.Exec(ctx, "UPDATE metering_periods SET ended_at = ?, changed_at = ? WHERE id = ?", now, now, id); err != nil {
 			return err
 		}
+		if err := countOpen(ctx, q, oldProject, oldKind, raw, -1); err != nil {
+			return err
+		}
 	}
 	return Open(ctx, q, kind, resource, project, spec, at)
 }
@@ -142,9 +145,21 @@ func Open(ctx context.Context, q store.Querier, kind, resource, project string, 
 	if spec == nil {
 		return nil
 	}
-	now := store.FormatTime(at)
-	_, err := q.Exec(ctx, `INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at, name)
- VALUES (?, ?, ?, ?, ?, ?, '', ?, ?)`, uuid.Must(uuid.NewV7()).String(), resource, kind, project, store.JSON(spec), now, now, spec.Name)
+	now, text := store.FormatTime(at), store.JSON(spec)
+	if _, err := q.Exec(ctx, `INSERT INTO metering_periods (id, resource_id, kind, project_id, spec, started_at, ended_at, changed_at, name)
+ VALUES (?, ?, ?, ?, ?, ?, '', ?, ?)`, uuid.Must(uuid.NewV7()).String(), resource, kind, project, text, now, now, spec.Name); err != nil {
+		return err
+	}
+	return countOpen(ctx, q, project, kind, text, 1)
+}
+
+// countOpen adds n to project's count of open periods of kind and spec
+// (as stored), which Touching reads: every statement that opens or ends
+// a period calls it in the same transaction.
+func countOpen(ctx context.Context, q store.Querier, project, kind, spec string, n int64) error {
+	_, err := q.Exec(ctx, `INSERT INTO metering_open_counts (project_id, kind, spec, open_count) VALUES (?, ?, ?, ?)
+ ON CONFLICT (project_id, kind, spec) DO UPDATE SET open_count = metering_open_counts.open_count + excluded.open_count`,
+		project, kind, spec, n)
 	return err
 }
 
@@ -152,7 +167,19 @@ func Open(ctx context.Context, q store.Querier, kind, resource, project string, 
 // resource had never been billable then: a server whose build failed
 // before it ever ran is never billed.
 func Drop(ctx context.Context, q store.Querier, resource string, since time.Time) error {
-	_, err := q.Exec(ctx, "DELETE FROM metering_periods WHERE resource_id = ? AND started_at >= ?", resource, store.FormatTime(since))
+	var project, kind, spec string
+	err := q.QueryRow(ctx, "SELECT project_id, kind, spec FROM metering_periods WHERE resource_id = ? AND started_at >= ? AND ended_at = ''",
+		resource, store.FormatTime(since)).Scan(&project, &kind, &spec)
+	switch {
+	case store.IsNoRows(err):
+	case err != nil:
+		return err
+	default:
+		if err := countOpen(ctx, q, project, kind, spec, -1); err != nil {
+			return err
+		}
+	}
+	_, err = q.Exec(ctx, "DELETE FROM metering_periods WHERE resource_id = ? AND started_at >= ?", resource, store.FormatTime(since))
 	return err
 }
 
@@ -169,6 +196,16 @@ type Opening struct {
 // (benchmarks and tests of 100,000 servers).
 func OpenMany(ctx context.Context, q store.Querier, openings []Opening) error {
 	const per = 500
+	type key struct{ project, kind, spec string }
+	counts := map[key]int64{}
+	for _, o := range openings {
+		counts[key{o.Project, o.Kind, store.JSON(o.Spec)}]++
+	}
+	for k, n := range counts {
+		if err := countOpen(ctx, q, k.project, k.kind, k.spec, n); err != nil {
+			return err
+		}
+	}
 	for len(openings) > 0 {
 		part := openings[:min(per, len(openings))]
 		openings = openings[len(part):]
@@ -336,20 +373,22 @@ type Group struct {
 
 // Touching counts project's periods that touch the hour starting at hour
 // (open, or ended after it began) by kind and spec: it reads no history,
-// only indexes (0058: the open periods in GROUP BY order, the ended ones
-// by their end), and the project's resources share a handful of specs,
-// each decoded once. A spec may come twice, once open and once ended.
+// the open ones from their counts (0078: a row per kind and spec, so a
+// project of thousands of servers costs what one of a few does), the
+// ended ones by their end (0058's index), and the project's resources
+// share a handful of specs, each decoded once. A spec may come twice,
+// once open and once ended.
 func Touching(ctx context.Context, q store.Querier, project string, hour time.Time) ([]Group, error) {
 	var out []Group
 	for _, part := range []struct {
-		where string
+		query string
 		args  []any
 	}{
-		{"ended_at = ''", nil},
-		{"ended_at > ?", []any{store.FormatTime(hour)}},
+		{"SELECT kind, spec, open_count FROM metering_open_counts WHERE project_id = ? AND open_count > 0", []any{project}},
+		{"SELECT kind, spec, COUNT(*) FROM metering_periods WHERE project_id = ? AND ended_at > ? GROUP BY kind, spec",
+			[]any{project, store.FormatTime(hour)}},
 	} {
-		rows, err := q.Query(ctx, "SELECT kind, spec, COUNT(*) FROM metering_periods WHERE project_id = ? AND "+part.where+
-			" GROUP BY kind, spec", append([]any{project}, part.args...)...)
+		rows, err := q.Query(ctx, part.query, part.args...)
 		if err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package metering_test
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -125,4 +126,120 @@ func TestReadingPeriods(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestTouching: the groups a project's hour touches, read from the counts
+// every writer keeps (0078), equal those counted from the periods
+// themselves after each kind of write: an open, a change of spec, a
+// change of project, an end, a drop of a failed build's periods, and a
+// bulk open; another project's periods never count.
+func TestTouching(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		db, err := store.Open(ctx, dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		hour := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+		small, big := &metering.Spec{VCPUs: 1, Name: "x"}, &metering.Spec{VCPUs: 2}
+		set := func(resource, project string, spec *metering.Spec, at time.Time) {
+			t.Helper()
+			if err := metering.Set(ctx, db, metering.KindServer, resource, project, spec, at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := hour.Add(-2 * time.Hour)
+		for _, step := range []struct {
+			name  string
+			write func()
+			want  string // kind/vcpus=count, sorted; a spec both open and ended comes twice
+		}{
+			{"opened", func() {
+				set("a", "p", small, before)
+				set("b", "p", small, before)
+				set("c", "p", big, before)
+				set("z", "q", big, before)
+			}, "server/1=2 server/2=1"},
+			{"renamed", func() { set("a", "p", &metering.Spec{VCPUs: 1, Name: "y"}, hour.Add(time.Minute)) },
+				"server/1=2 server/2=1"},
+			{"resized", func() { set("a", "p", big, hour.Add(2*time.Minute)) },
+				"server/1=1 server/1=1 server/2=2"},
+			{"given away", func() { set("b", "q", small, hour.Add(3*time.Minute)) },
+				"server/1=2 server/2=2"},
+			{"ended before the hour", func() { set("c", "p", nil, before.Add(time.Minute)) },
+				"server/1=2 server/2=1"},
+			{"dropped", func() {
+				if err := metering.Drop(ctx, db, "a", hour.Add(2*time.Minute)); err != nil {
+					t.Fatal(err)
+				}
+			}, "server/1=2"},
+			{"opened in bulk", func() {
+				var o []metering.Opening
+				for i := range 3 {
+					o = append(o, metering.Opening{Kind: metering.KindVolume, Resource: fmt.Sprint("v", i), Project: "p",
+						Spec: metering.Spec{SizeGB: 10}, At: hour})
+				}
+				if err := metering.OpenMany(ctx, db, o); err != nil {
+					t.Fatal(err)
+				}
+			}, "server/1=2 volume/0=3"},
+		} {
+			step.write()
+			groups, err := metering.Touching(ctx, db, "p", hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := describeGroups(groups); got != step.want {
+				t.Errorf("%s: touching %q, want %q", step.name, got, step.want)
+			}
+			if got, want := openCounts(t, db, "p"), countedOpen(t, db, "p"); got != want {
+				t.Errorf("%s: open counts %q, the periods count %q", step.name, got, want)
+			}
+		}
+	})
+}
+
+// describeGroups writes groups as "kind/vcpus=n …", sorted.
+func describeGroups(groups []metering.Group) string {
+	var out []string
+	for _, g := range groups {
+		out = append(out, fmt.Sprintf("%s/%d=%d", g.Kind, g.Spec.VCPUs, g.Count))
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
+}
+
+// openCounts is project's row of metering_open_counts as "kind/vcpus=n …".
+func openCounts(t *testing.T, db *store.DB, project string) string {
+	return groupRows(t, db, "SELECT kind, spec, open_count FROM metering_open_counts WHERE project_id = ? AND open_count <> 0", project)
+}
+
+// countedOpen is project's open periods counted from the periods.
+func countedOpen(t *testing.T, db *store.DB, project string) string {
+	return groupRows(t, db, "SELECT kind, spec, COUNT(*) FROM metering_periods WHERE project_id = ? AND ended_at = '' GROUP BY kind, spec", project)
+}
+
+func groupRows(t *testing.T, db *store.DB, query, project string) string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), query, project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var kind, raw string
+		var n int64
+		if err := rows.Scan(&kind, &raw, &n); err != nil {
+			t.Fatal(err)
+		}
+		var sp metering.Spec
+		if err := store.FromJSON(raw, &sp); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%s/%d=%d", kind, sp.VCPUs, n))
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
 }
