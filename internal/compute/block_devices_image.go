@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"nimbus/internal/api"
+	"nimbus/internal/image"
 	"nimbus/internal/metering"
 	"nimbus/internal/store"
 )
@@ -121,13 +122,15 @@ func (s *Service) volumeBackedImage(r *http.Request, name string, meta map[strin
 // imageDefinedBDMs adds to a create that boots an image the volume
 // mappings the image names (an image made by createImage of a
 // volume-backed server), unless the create names its own boot volume.
-func (s *Service) imageDefinedBDMs(ctx context.Context, c *api.Caller, req *createReq) {
+// It answers the image it read, and the error reading it, for the create
+// to check (nil, nil when it read none).
+func (s *Service) imageDefinedBDMs(ctx context.Context, c *api.Caller, req *createReq) (*image.Image, error) {
 	if req.ImageRef == "" || req.bootVolumeReq() != nil {
-		return
+		return nil, nil
 	}
 	img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), req.ImageRef)
 	if err != nil || !strings.EqualFold(img.Properties["bdm_v2"], "true") {
-		return
+		return img, err
 	}
 	var mappings []struct {
 		Source     string `json:"source_type"`
@@ -139,7 +142,7 @@ func (s *Service) imageDefinedBDMs(ctx context.Context, c *api.Caller, req *crea
 		Tag        string `json:"tag"`
 	}
 	if json.Unmarshal([]byte(img.Properties["block_device_mapping"]), &mappings) != nil {
-		return
+		return img, nil
 	}
 	for _, m := range mappings {
 		if m.Source != "snapshot" || m.Dest != "volume" || m.SnapshotID == "" {
@@ -152,4 +155,5 @@ func (s *Service) imageDefinedBDMs(ctx context.Context, c *api.Caller, req *crea
 		}
 		req.BDMs = append(req.BDMs, b)
 	}
+	return img, nil
 }

@@ -28,25 +28,35 @@ const maxActions = 1000
 // recordAction writes the start of an instance action in tx and drops the
 // server's actions older than the newest maxActions.
 func (s *Service) recordAction(ctx context.Context, tx store.Querier, serverID, action string) error {
-	rid := api.RequestID(ctx)
-	if rid == "" {
-		rid = "req-" + newUUID()
+	return s.recordActionID(ctx, tx, serverID, action, actionID(ctx))
+}
+
+// actionID is the request id an action started in ctx is recorded under.
+func actionID(ctx context.Context) string {
+	if rid := api.RequestID(ctx); rid != "" {
+		return rid
 	}
-	return s.recordActionID(ctx, tx, serverID, action, rid)
+	return "req-" + newUUID()
 }
 
 // recordActionID is recordAction with the action's request id given.
 func (s *Service) recordActionID(ctx context.Context, tx store.Querier, serverID, action, rid string) error {
+	if err := s.insertAction(ctx, tx, serverID, action, rid); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM compute_instance_actions WHERE server_id = ? AND request_id NOT IN
+ (SELECT request_id FROM compute_instance_actions WHERE server_id = ? ORDER BY start_time DESC, request_id DESC LIMIT ?)`,
+		serverID, serverID, maxActions)
+	return err
+}
+
+// insertAction writes the start of an instance action in tx, dropping no
+// older one: a server being created has none (recordActionID drops them).
+func (s *Service) insertAction(ctx context.Context, tx store.Querier, serverID, action, rid string) error {
 	c := api.CallerFrom(ctx)
 	now := store.FormatTime(s.now())
 	_, err := tx.Exec(ctx, `INSERT INTO compute_instance_actions (server_id, request_id, action, project_id, user_id,
  start_time, updated_at, events) VALUES (?,?,?,?,?,?,?,?)`, serverID, rid, action, c.ProjectID, c.UserID, now, now, "[]")
-	if err != nil {
-		return err
-	}
-	_, err = tx.Exec(ctx, `DELETE FROM compute_instance_actions WHERE server_id = ? AND request_id NOT IN
- (SELECT request_id FROM compute_instance_actions WHERE server_id = ? ORDER BY start_time DESC, request_id DESC LIMIT ?)`,
-		serverID, serverID, maxActions)
 	return err
 }
 

@@ -400,19 +400,19 @@ func (s *Service) commit(ctx context.Context, id, task string, f stepResult) err
 		if err != nil {
 			return err
 		}
-		if err := s.leases.Hold(ctx, tx, serverLease(id)); err != nil {
-			return err
-		}
 		if sv.TaskState != task || sv.Deleted {
-			return nil
+			return s.leases.Hold(ctx, tx, serverLease(id))
 		}
 		if err := f(tx, sv); err != nil {
 			return err
 		}
+		// The lease fences the write: lost, nothing commits.
+		hold := s.leases.Hold
 		if sv.released = !workDue(sv); sv.released {
-			if err := s.leases.Release(ctx, tx, serverLease(id)); err != nil {
-				return err
-			}
+			hold = s.leases.GiveBack
+		}
+		if err := hold(ctx, tx, serverLease(id)); err != nil {
+			return err
 		}
 		written = sv
 		return nil

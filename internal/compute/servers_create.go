@@ -336,7 +336,7 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if flavor.Disabled {
 		return nil, api.BadRequest("Flavor is disabled.")
 	}
-	s.imageDefinedBDMs(ctx, c, req)
+	img, imgErr := s.imageDefinedBDMs(ctx, c, req)
 	bootImage, err := s.checkBDMSources(ctx, c, req)
 	if err != nil {
 		return nil, err
@@ -349,9 +349,11 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	}
 	osType := ""
 	if req.ImageRef != "" {
-		img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), req.ImageRef)
-		if err != nil {
-			return nil, notFoundAs(err, api.BadRequest("Can not find requested image"))
+		if img == nil && imgErr == nil {
+			img, imgErr = s.images.Get(ctx, c.ProjectID, c.IsAdmin(), req.ImageRef)
+		}
+		if imgErr != nil {
+			return nil, notFoundAs(imgErr, api.BadRequest("Can not find requested image"))
 		}
 		if img.Status != "active" {
 			return nil, api.BadRequest("Image %s is not active.", img.ID)
@@ -462,8 +464,12 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	// here, checked again in the transaction), and the transaction keeps as
 	// many as the quota allows. Fewer than min_count placed fails them all,
 	// as Nova's NoValidHost does, with nothing held and nothing charged.
-	if req.MaxCount, err = s.quotaRoom(ctx, c.ProjectID, flavor, req.MinCount, req.MaxCount); err != nil {
-		return nil, err
+	// (A create of an exact count has nothing to cut: the transaction's
+	// check alone answers it, one read fewer per create.)
+	if req.MinCount < req.MaxCount {
+		if req.MaxCount, err = s.quotaRoom(ctx, c.ProjectID, flavor, req.MinCount, req.MaxCount); err != nil {
+			return nil, err
+		}
 	}
 	// And no more than the project's money pays the first hour of: the
 	// service is prepaid.
@@ -636,7 +642,7 @@ func (s *Service) insertCreated(ctx context.Context, tx *store.Tx, p *createPlan
 			return err
 		}
 	}
-	if err := s.recordAction(ctx, tx, sv.ID, "create"); err != nil {
+	if err := s.insertAction(ctx, tx, sv.ID, "create", actionID(ctx)); err != nil {
 		return err
 	}
 	if sv.Host == "" {

@@ -290,16 +290,22 @@ func TestStepsFenced(t *testing.T) {
 		if ok, err := b.leases.Acquire(ctx, serverLease(sv.ID)); !ok || err != nil {
 			t.Fatal("b could not take the expired lease", ok, err)
 		}
-		wrote := false
-		err := a.commit(ctx, sv.ID, taskScheduling, func(tx *store.Tx, cur *server) error {
-			wrote = true
-			cur.VMState = vmError
-			return a.saveServer(ctx, tx, cur)
-		})
-		if !errors.Is(err, lease.ErrLost) || wrote {
-			t.Fatalf("a's commit after losing the lease: %v (wrote %v)", err, wrote)
+		for _, rest := range []bool{false, true} { // keeping the lease, giving it back
+			err := a.commit(ctx, sv.ID, taskScheduling, func(tx *store.Tx, cur *server) error {
+				cur.VMState = vmError
+				if rest {
+					cur.TaskState = taskNone
+				}
+				return a.saveServer(ctx, tx, cur)
+			})
+			if !errors.Is(err, lease.ErrLost) {
+				t.Fatalf("a's commit after losing the lease (at rest %v): %v", rest, err)
+			}
+			if cur, err := a.loadServer(ctx, a.db, sv.ID, false); err != nil || cur.VMState == vmError {
+				t.Fatalf("a's commit after losing the lease (at rest %v) wrote the server: %v", rest, err)
+			}
 		}
-		err = a.placeOne(ctx, sv, taskScheduling, func(*store.Tx, *server, scheduler.Claim) error { return nil })
+		err := a.placeOne(ctx, sv, taskScheduling, func(*store.Tx, *server, scheduler.Claim) error { return nil })
 		if !errors.Is(err, lease.ErrLost) {
 			t.Fatalf("a's placement after losing the lease: %v", err)
 		}

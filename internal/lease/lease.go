@@ -185,6 +185,23 @@ func (m *Manager) Release(ctx context.Context, q store.Querier, name string) err
 	return err
 }
 
+// GiveBack is Hold and Release in one statement, for the transaction
+// that leaves the lease's work done: it gives lease name back, or answers
+// ErrLost, and the transaction must not commit, when this controller no
+// longer holds it.
+func (m *Manager) GiveBack(ctx context.Context, q store.Querier, name string) error {
+	res, err := q.Exec(ctx, "DELETE FROM leases WHERE name = ? AND holder = ?", name, m.holder)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return ErrLost
+	}
+	return nil
+}
+
 // ReleaseAll gives back every lease this controller holds, as it stops:
 // others take the work at once instead of after the leases expire.
 func (m *Manager) ReleaseAll(ctx context.Context) error {

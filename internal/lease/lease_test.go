@@ -37,7 +37,8 @@ func openDB(t *testing.T, url string) *store.DB {
 }
 
 // TestLeaseLife walks leases through their rules, step by step, on both
-// engines: "A acquire x ok|no", "A hold x ok|lost", "A release x",
+// engines: "A acquire x ok|no", "A hold x ok|lost", "A giveback x
+// ok|lost", "A release x",
 // "A renew", "wait D" (the clock moves), "others A x,y" (what A sees
 // held by others), "A releaseall".
 func TestLeaseLife(t *testing.T) {
@@ -58,6 +59,9 @@ func TestLeaseLife(t *testing.T) {
 		{"releaseall gives every lease back at once", []string{
 			"A acquire x ok", "A acquire y ok", "B acquire z ok", "A releaseall", "C acquire x ok", "C acquire y ok", "C acquire z no"}},
 		{"a restarted holder takes its leases back at once", []string{"A acquire x ok", "A' acquire x ok", "B acquire x no"}},
+		{"giveback frees one's own lease and fences a lost one", []string{
+			"A acquire x ok", "B giveback x lost", "B acquire x no", "A giveback x ok", "A giveback x lost", "B acquire x ok",
+			"wait 16s", "C acquire x ok", "B giveback x lost", "others A x"}},
 	}
 	storetest.ForEachEngine(t, func(t *testing.T, url string) {
 		db := openDB(t, url)
@@ -105,6 +109,11 @@ func TestLeaseLife(t *testing.T) {
 						}
 					case "hold":
 						err := db.Tx(ctx, func(tx *store.Tx) error { return m.Hold(ctx, tx, name(arg)) })
+						if (err == nil) != (want == "ok") || (err != nil && !errors.Is(err, ErrLost)) {
+							t.Fatalf("%s: got %v", st, err)
+						}
+					case "giveback":
+						err := db.Tx(ctx, func(tx *store.Tx) error { return m.GiveBack(ctx, tx, name(arg)) })
 						if (err == nil) != (want == "ok") || (err != nil && !errors.Is(err, ErrLost)) {
 							t.Fatalf("%s: got %v", st, err)
 						}
