@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"net/http"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"nimbus/internal/api"
 	"nimbus/internal/driver"
 	"nimbus/internal/flavorspec"
 	"nimbus/internal/scheduler"
@@ -573,8 +575,17 @@ func releaseAll(st *scheduler.State, claims []scheduler.Claim) {
 }
 
 // placeAttempts bounds how often a placement looks again after the store
-// refused its claims.
-const placeAttempts = 12
+// refused its claims: about 5 s of pauses. A burst that outlasts them (the
+// creates clients send again together after a database failover) answers
+// errPlacementBusy.
+const placeAttempts = 24
+
+// errPlacementBusy is a placement that lost the race for the same pCPUs
+// to other controllers placeAttempts times: the region is busy, not
+// broken, and the client may send the request again.
+var errPlacementBusy = &api.Error{Status: http.StatusServiceUnavailable,
+	Message: "The service is busy placing other servers on the same hosts. Please retry.",
+	Header:  http.Header{"Retry-After": {"1"}}}
 
 // conflictPause is how long a placement whose claims the store refused
 // waits before it looks again: a random part of a span that doubles with
@@ -640,8 +651,13 @@ func (s *Service) place(ctx context.Context, j *placeJob) error {
 			return nil
 		}
 		releaseAll(st, claims)
-		if !errors.Is(err, errClaimConflict) || attempt >= placeAttempts {
+		if !errors.Is(err, errClaimConflict) {
 			return err
+		}
+		if attempt >= placeAttempts {
+			e := *errPlacementBusy
+			e.Cause = err
+			return &e
 		}
 		select {
 		case <-ctx.Done():

@@ -16,6 +16,7 @@ import (
 
 	"nimbus/internal/cloud"
 	"nimbus/internal/testenv"
+	regiontest "nimbus/internal/testenv/region"
 )
 
 // cutOff is how long TestAgentCutOff keeps the agent from the controller.
@@ -183,7 +184,7 @@ func TestAgentCutOff(t *testing.T) {
 		return s["status"] == "SHUTOFF" && s["OS-EXT-STS:task_state"] == nil && s["host_status"] == "UP"
 	}, ctl, agent)
 	waitFor(t, 90*time.Second, "the deleted server's VM destroyed", func() bool {
-		vms := fakeJournal(t, filepath.Join(agentDir, "fake-fleet.json"))
+		vms := regiontest.FakeJournal(t, filepath.Join(agentDir, "fake-fleet.json"))
 		_, ok := vms[stopped]
 		return len(vms) == 1 && ok
 	}, ctl, agent)

@@ -19,6 +19,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
 	"nimbus/internal/cloud"
+	regiontest "nimbus/internal/testenv/region"
 )
 
 // TestControllerKilledUnderLoad: 1,000 servers asked of three controllers
@@ -160,32 +161,9 @@ func TestControllerKilledUnderLoad(t *testing.T) {
 		t.Errorf("%d servers for %d accepted requests of %d", len(all), accepted, perRequest)
 	}
 
-	vms := fakeJournal(t, filepath.Join(r.agentD, "fake-fleet.json"))
-	pinned := map[string]string{}
-	for id, vm := range vms {
-		if !active[id] {
-			t.Errorf("VM %s on %s belongs to no ACTIVE server", id, vm.Host)
-		}
-		if vm.Boots != 1 {
-			t.Errorf("server %s's VM booted %d times", id, vm.Boots)
-		}
-		for _, c := range vm.Spec.Cells {
-			for _, cpu := range c.CPUs {
-				k := fmt.Sprint(vm.Host, "/", cpu)
-				if other, dup := pinned[k]; dup {
-					t.Errorf("pCPU %s is pinned by %s and %s", k, other, id)
-				}
-				pinned[k] = id
-			}
-		}
-	}
-	for id := range active {
-		if _, ok := vms[id]; !ok {
-			t.Errorf("ACTIVE server %s has no VM", id)
-		}
-	}
+	regiontest.CheckVMs(t, regiontest.FakeJournal(t, filepath.Join(r.agentD, "fake-fleet.json")), active)
 	if errored == 0 { // a server in ERROR after its claim (a failed spawn) keeps it
-		checkClaims(t, r.dbURL, len(active), len(active))
+		regiontest.CheckClaims(t, r.dbURL, len(active), len(active))
 	}
 	t.Logf("%d servers: %d ACTIVE, %d ERROR; all settled %.1f s after the kill", len(all), len(active), errored, settledAfter.Seconds())
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,6 +25,7 @@ import (
 	"nimbus/internal/store"
 	"nimbus/internal/store/storetest"
 	"nimbus/internal/testenv"
+	regiontest "nimbus/internal/testenv/region"
 )
 
 // region is three controllers on one PostgreSQL database, each with its
@@ -329,34 +329,22 @@ func TestControllerKilledMidBuild(t *testing.T) {
 	}
 
 	// One VM per server, booted once, its pCPUs its own.
-	vms := fakeJournal(t, filepath.Join(r.agentD, "fake-fleet.json"))
-	pinned := map[string]string{} // host/cpu → server
+	vms := regiontest.FakeJournal(t, filepath.Join(r.agentD, "fake-fleet.json"))
+	active := map[string]bool{}
 	for _, id := range ids {
-		vm, ok := vms[id]
-		if !ok {
-			t.Errorf("server %s has no VM", id)
-			continue
-		}
-		if vm.Boots != 1 {
-			t.Errorf("server %s's VM booted %d times", id, vm.Boots)
-		}
+		active[id] = true
+	}
+	regiontest.CheckVMs(t, vms, active)
+	pinned := 0
+	for _, vm := range vms {
 		for _, c := range vm.Spec.Cells {
-			for _, cpu := range c.CPUs {
-				k := fmt.Sprint(vm.Host, "/", cpu)
-				if other, dup := pinned[k]; dup {
-					t.Errorf("pCPU %s is pinned by %s and %s", k, other, id)
-				}
-				pinned[k] = id
-			}
+			pinned += len(c.CPUs)
 		}
 	}
-	if len(vms) != 20 {
-		t.Errorf("%d VMs on the fake fleet for 20 servers", len(vms))
+	if len(vms) != 20 || pinned != 40 {
+		t.Errorf("%d VMs on the fake fleet pinning %d pCPUs, for 20 servers of 2", len(vms), pinned)
 	}
-	if len(pinned) != 40 {
-		t.Errorf("%d pCPUs pinned for 20 servers of 2", len(pinned))
-	}
-	checkClaims(t, r.dbURL, 20, 40)
+	regiontest.CheckClaims(t, r.dbURL, 20, 40)
 
 	// Their deletes, accepted by another controller killed half a second
 	// later (a VM's destroy takes 3 s): each server shows its task
@@ -408,78 +396,8 @@ func TestControllerKilledMidBuild(t *testing.T) {
 	if last > takeoverBound {
 		t.Errorf("the last delete took %s after the kill, over %s", last.Round(100*time.Millisecond), takeoverBound)
 	}
-	if vms := fakeJournal(t, filepath.Join(r.agentD, "fake-fleet.json")); len(vms) != 0 {
+	if vms := regiontest.FakeJournal(t, filepath.Join(r.agentD, "fake-fleet.json")); len(vms) != 0 {
 		t.Errorf("%d VMs left on the fake fleet after every server was deleted", len(vms))
 	}
-	checkClaims(t, r.dbURL, 0, 0)
-}
-
-// checkClaims: every claim and claimed item belongs to a live server, and
-// there are as many as the servers hold.
-func checkClaims(t *testing.T, dbURL string, claims, cpus int) {
-	t.Helper()
-	ctx := context.Background()
-	db, err := store.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	for _, q := range []struct{ what, sql string }{
-		{"claims without a live server", `SELECT COUNT(*) FROM compute_claims c LEFT JOIN compute_servers s ON s.id = c.server_id
- WHERE s.id IS NULL OR s.deleted = 1`},
-		{"claimed pCPUs and GPUs without a live server", `SELECT COUNT(*) FROM compute_claim_items i
- LEFT JOIN compute_servers s ON s.id = i.server_id WHERE s.id IS NULL OR s.deleted = 1`},
-	} {
-		var n int
-		if err := db.QueryRow(ctx, q.sql).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n != 0 {
-			t.Errorf("%d %s", n, q.what)
-		}
-	}
-	var nc, ni int
-	db.QueryRow(ctx, "SELECT COUNT(*) FROM compute_claims").Scan(&nc)
-	db.QueryRow(ctx, "SELECT COUNT(*) FROM compute_claim_items").Scan(&ni)
-	if nc != claims || ni != cpus {
-		t.Errorf("%d claims holding %d items, want %d holding %d", nc, ni, claims, cpus)
-	}
-}
-
-// journalVM is a VM as the fake driver's journal keeps it.
-type journalVM struct {
-	Host  string      `json:"host"`
-	Boots int         `json:"boots"`
-	Spec  driver.Spec `json:"spec"`
-}
-
-// fakeJournal reads an agent's fake driver journal: each VM now there.
-func fakeJournal(t *testing.T, path string) map[string]journalVM {
-	t.Helper()
-	out := map[string]journalVM{}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 16<<20)
-	for sc.Scan() {
-		var e struct {
-			Put *struct {
-				ID string `json:"id"`
-				journalVM
-			} `json:"put"`
-			Del string `json:"del"`
-		}
-		if json.Unmarshal(sc.Bytes(), &e) != nil {
-			continue // a line being written
-		}
-		if e.Put != nil {
-			out[e.Put.ID] = e.Put.journalVM
-		} else {
-			delete(out, e.Del)
-		}
-	}
-	return out
+	regiontest.CheckClaims(t, r.dbURL, 0, 0)
 }

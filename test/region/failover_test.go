@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -52,16 +51,11 @@ func TestPrimaryFailover(t *testing.T) {
 	procs := []*region.Proc{bal.Proc, ctls[0].Proc, ctls[1].Proc, ctls[2].Proc}
 
 	// A hypervisor host whose agent enrols and reports through HAProxy.
-	tok, err := exec.Command(bin, "admin", "host", "token", "--data-dir", ctls[0].Dir, "--database-url", cluster.URL).Output()
-	if err != nil {
-		t.Fatalf("admin host token: %v", err)
-	}
 	agentDir := t.TempDir()
 	fleet := filepath.Join(agentDir, "fleet.json")
 	os.WriteFile(fleet, []byte(`[{"name":"hv-1","vcpus":256,"memory_mb":1048576,"disk_gb":100000}]`), 0o600)
-	agent := region.Start(t, "agent", nil, []string{"NIMBUS_AGENT_TOKEN=" + strings.TrimSpace(string(tok))}, bin, "agent",
-		"--controller", bal.URL("agent"), "--ca-cert", ca, "--data-dir", filepath.Join(agentDir, "data"), "--name", "hv-1",
-		"--fleet", fleet, "--fake-delay", "50ms", "--heartbeat", "1s")
+	agent := region.StartAgent(t, bin, ctls[0].Dir, cluster.URL, bal.URL("agent"), ca, agentDir, fleet,
+		"--fake-delay", "50ms", "--heartbeat", "1s")
 	procs = append(procs, agent)
 
 	cl := region.Connect(t, bal.URL("identity")+"/v3", ca, requestDeadline)

@@ -182,6 +182,28 @@ func (c *Clients) HostUp(t testing.TB, host string) bool {
 	return false
 }
 
+// HostsUp counts the compute services up, as the operator sees them.
+func (c *Clients) HostsUp(t testing.TB) int {
+	t.Helper()
+	var out struct {
+		Services []struct {
+			State string `json:"state"`
+		} `json:"services"`
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.AdminCompute.Get(ctx, c.AdminCompute.ServiceURL("os-services")+"?binary=nova-compute", &out, nil); err != nil {
+		return 0
+	}
+	n := 0
+	for _, s := range out.Services {
+		if s.State == "up" {
+			n++
+		}
+	}
+	return n
+}
+
 // Writes makes one security group and answers its status (0: no answer).
 func (c *Clients) Writes(t testing.TB) int {
 	t.Helper()

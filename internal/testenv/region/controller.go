@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -172,4 +173,20 @@ func HTTPClient(caFile string, timeout time.Duration) (*http.Client, error) {
 	}
 	return &http.Client{Timeout: timeout, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 32}}, nil
+}
+
+// StartAgent enrols and starts a hypervisor host's agent: a host token
+// from the controller whose data directory is ctlDir (on dbURL), then
+// nimbus agent reaching the controllers at agentURL (HAProxy's agent
+// port), trusting caFile, its state in dir/data, the hosts of its fake
+// driver in fleet, with extra flags args.
+func StartAgent(t testing.TB, bin, ctlDir, dbURL, agentURL, caFile, dir, fleet string, args ...string) *Proc {
+	t.Helper()
+	tok, err := exec.Command(bin, "admin", "host", "token", "--data-dir", ctlDir, "--database-url", dbURL).Output()
+	if err != nil {
+		t.Fatalf("admin host token: %v", err)
+	}
+	return Start(t, "agent", nil, []string{"NIMBUS_AGENT_TOKEN=" + strings.TrimSpace(string(tok))}, bin,
+		append([]string{"agent", "--controller", agentURL, "--ca-cert", caFile, "--data-dir", filepath.Join(dir, "data"),
+			"--name", "agent", "--fleet", fleet}, args...)...)
 }

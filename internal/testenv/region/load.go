@@ -107,13 +107,24 @@ func (l *Load) do(ctx context.Context, op string, sc *gophercloud.ServiceClient,
 	opts := &gophercloud.RequestOpts{JSONBody: body, JSONResponse: &out, OkCodes: []int{ok}}
 	resp, err := sc.Request(ctx, method, url, opts)
 	r.End = time.Now()
-	var ue gophercloud.ErrUnexpectedResponseCode
-	switch {
-	case err == nil:
+	if err == nil {
 		r.Status = resp.StatusCode
 		if id != nil {
 			r.ID = id(out)
 		}
+		return r
+	}
+	return Answered(ctx, r, 0, err)
+}
+
+// Answered completes r, a request made in ctx, from how gophercloud ended
+// it: ok when err is nil, else the status, body and Retry-After of an
+// answer, or no answer (Hung when ctx's deadline passed).
+func Answered(ctx context.Context, r Request, ok int, err error) Request {
+	var ue gophercloud.ErrUnexpectedResponseCode
+	switch {
+	case err == nil:
+		r.Status = ok
 	case errors.As(err, &ue):
 		r.Status, r.Body, r.RetryAfter = ue.Actual, ue.Body, ue.ResponseHeader.Get("Retry-After")
 	default:
