@@ -161,6 +161,12 @@ func TestConnLimitPerIP(t *testing.T) {
 		cfg.HTTP = cloud.HTTPLimits{MaxConnsPerIP: 4}
 	})
 	u, _ := url.Parse(c.IdentityURL)
+	pem, err := os.ReadFile(c.CACertFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
 	var held []net.Conn
 	for range 4 {
 		conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
@@ -168,7 +174,14 @@ func TestConnLimitPerIP(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		held = append(held, conn)
+		// A connection takes its slot on its first use: the handshake
+		// makes sure the server has counted it before the fifth comes.
+		tc := tls.Client(conn, &tls.Config{RootCAs: pool, ServerName: u.Hostname()})
+		tc.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := tc.Handshake(); err != nil {
+			t.Fatalf("connection %d: %v", len(held)+1, err)
+		}
+		held = append(held, tc)
 	}
 	// The other listeners share the limit.
 	cu, _ := url.Parse(c.ComputeURL)
