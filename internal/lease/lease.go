@@ -30,6 +30,7 @@ package lease
 import (
 	"context"
 	crand "crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"log/slog"
@@ -166,16 +167,7 @@ func (m *Manager) TakeFree(ctx context.Context, q store.Querier, names ...string
 // controller's. On PostgreSQL the renewal locks the row until q commits,
 // so that no one takes the lease in between.
 func (m *Manager) Hold(ctx context.Context, q store.Querier, name string) error {
-	res, err := q.Exec(ctx, "UPDATE leases SET expires_at = ? WHERE name = ? AND holder = ?", m.expiry(), name, m.holder)
-	if err != nil {
-		return err
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return err
-	} else if n == 0 {
-		return ErrLost
-	}
-	return nil
+	return fenced(q.Exec(ctx, "UPDATE leases SET expires_at = ? WHERE name = ? AND holder = ?", m.expiry(), name, m.holder))
 }
 
 // Release gives lease name back, in q's transaction when q is one; a
@@ -190,7 +182,12 @@ func (m *Manager) Release(ctx context.Context, q store.Querier, name string) err
 // ErrLost, and the transaction must not commit, when this controller no
 // longer holds it.
 func (m *Manager) GiveBack(ctx context.Context, q store.Querier, name string) error {
-	res, err := q.Exec(ctx, "DELETE FROM leases WHERE name = ? AND holder = ?", name, m.holder)
+	return fenced(q.Exec(ctx, "DELETE FROM leases WHERE name = ? AND holder = ?", name, m.holder))
+}
+
+// fenced answers ErrLost when a statement on this holder's lease touched no
+// row: the lease is another's, or gone.
+func fenced(res sql.Result, err error) error {
 	if err != nil {
 		return err
 	}
