@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,6 +28,7 @@ import (
 	"nimbus/internal/cloud"
 	"nimbus/internal/store"
 	"nimbus/internal/testenv"
+	regiontest "nimbus/internal/testenv/region"
 )
 
 // bootChoice picks what a customer would boot: a Linux image, the smallest
@@ -340,45 +340,6 @@ func freePorts(t *testing.T, n int) []string {
 	return out
 }
 
-// fakeVMs reads an agent's fake driver journal: each VM's host and how
-// many times it booted.
-func fakeVMs(t *testing.T, path string) map[string]struct {
-	Host  string `json:"host"`
-	Boots int    `json:"boots"`
-} {
-	t.Helper()
-	type vm = struct {
-		Host  string `json:"host"`
-		Boots int    `json:"boots"`
-	}
-	out := map[string]vm{}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 16<<20)
-	for sc.Scan() {
-		var e struct {
-			Put *struct {
-				ID string `json:"id"`
-				vm
-			} `json:"put"`
-			Del string `json:"del"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			continue // a line being written
-		}
-		if e.Put != nil {
-			out[e.Put.ID] = e.Put.vm
-		} else {
-			delete(out, e.Del)
-		}
-	}
-	return out
-}
-
 // TestAgentsAsProcesses runs a controller with --no-local-agent and two
 // agents as real processes on loopback, with one fake host each. While
 // servers are being created, one agent is killed (-9) and restarted and
@@ -489,12 +450,9 @@ func TestAgentsAsProcesses(t *testing.T) {
 	}
 
 	// Each server's VM exists on exactly one host and booted once.
-	vms := map[string]map[string]struct {
-		Host  string `json:"host"`
-		Boots int    `json:"boots"`
-	}{}
+	vms := map[string]map[string]regiontest.JournalVM{}
 	for h, d := range agentDir {
-		vms[h] = fakeVMs(t, filepath.Join(d, "fake-fleet.json"))
+		vms[h] = regiontest.FakeJournal(t, filepath.Join(d, "fake-fleet.json"))
 	}
 	onHost := map[string]string{}
 	for _, id := range ids {
