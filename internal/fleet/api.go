@@ -183,8 +183,9 @@ func decode(body []byte, v any) error {
 }
 
 // fail writes err: the agent API's own errors as they are, the database
-// away (store.IsUnavailable, the rule the APIs follow) or its disk full
-// (store.IsFull) as a 503 with Retry-After, anything else as a 500 that says no more.
+// away (store.IsUnavailable, the rule the APIs follow), its disk full
+// (store.IsFull) or its locks too long awaited (store.IsBusy) as a 503
+// with Retry-After, anything else as a 500 that says no more.
 func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var ae *apiError
 	if errors.As(err, &ae) {
@@ -198,6 +199,12 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.Warn("fleet: agent API: database unavailable", "path", r.URL.Path, "error", err)
 		w.Header().Set("Retry-After", strconv.Itoa(api.RetryAfter))
 		writeError(w, &apiError{http.StatusServiceUnavailable, wire.CodeUnavailable, "database unavailable"})
+		return
+	}
+	if store.IsBusy(err) {
+		s.log.Warn("fleet: agent API: busy", "path", r.URL.Path, "error", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, &apiError{http.StatusServiceUnavailable, wire.CodeUnavailable, "busy"})
 		return
 	}
 	if store.IsFull(err) {

@@ -13,6 +13,10 @@ import (
 // transaction then commits them all. On SQLite, with one writer at a time,
 // this keeps the fleet from adding a writer per op to the queue compute's
 // own writes wait in; on PostgreSQL it saves commits.
+//
+// Commits are synchronous: an agent acts on what they record (it runs an
+// op it was given, forgets a result it was told is stored), so a commit
+// must survive the database primary's death as any client's write does.
 type committer struct {
 	db    *store.DB
 	mu    sync.Mutex
@@ -69,9 +73,6 @@ func (c *committer) run(batch []*commitItem) {
 	ctx, cancel := context.WithTimeout(context.Background(), maxBatchWait)
 	defer cancel()
 	err := c.db.Tx(ctx, func(tx *store.Tx) error {
-		if err := asyncCommit(ctx, tx); err != nil {
-			return err
-		}
 		for _, it := range batch {
 			if err := it.f(ctx, tx); err != nil {
 				return err
@@ -88,11 +89,6 @@ func (c *committer) run(batch []*commitItem) {
 	// One write failed the batch (a key another controller took, say):
 	// run each alone, so that the others commit and it gets its own error.
 	for _, it := range batch {
-		it.done <- c.db.Tx(ctx, func(tx *store.Tx) error {
-			if err := asyncCommit(ctx, tx); err != nil {
-				return err
-			}
-			return it.f(ctx, tx)
-		})
+		it.done <- c.db.Tx(ctx, func(tx *store.Tx) error { return it.f(ctx, tx) })
 	}
 }

@@ -36,6 +36,7 @@ const (
 	DefaultOpTimeout    = 10 * time.Minute
 	DefaultPollInterval = 250 * time.Millisecond
 	DefaultMaxWait      = 25 * time.Second
+	DefaultLostCheck    = 10 * time.Second
 )
 
 // Config tunes the fleet.
@@ -51,7 +52,11 @@ type Config struct {
 	PollInterval time.Duration
 	// MaxWait caps an agent's long-poll (default 25 s).
 	MaxWait time.Duration
-	Log     *slog.Logger
+	// LostCheck is how often the ops waited on here are looked for in the
+	// database, and how old a wait must be before its op's absence counts
+	// (default 10 s, far longer than an insert takes to commit).
+	LostCheck time.Duration
+	Log       *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -97,6 +102,9 @@ func New(db *store.DB, cfg Config) *Service {
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
+	}
+	if cfg.LostCheck <= 0 {
+		cfg.LostCheck = DefaultLostCheck
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()

@@ -529,3 +529,59 @@ func TestSharedDatabase(t *testing.T) {
 		t.Fatalf("hosts seen from the other controller: %+v %v", hs, err)
 	}
 }
+
+// TestLostOp: an op whose row vanishes from the database while its agent
+// runs it (a commit lost with a PostgreSQL primary) ends the caller's wait
+// within LostCheck, not OpTimeout; the agent's result for it is dropped,
+// and the caller asking again with its key gets a new op that runs.
+func TestLostOp(t *testing.T) {
+	c := newController(t, filepath.Join(t.TempDir(), "nimbus.db"), fleet.Config{LostCheck: 200 * time.Millisecond})
+	drv := &gatedDriver{countingDriver: newCounting(t, "h1"), gate: make(chan struct{})}
+	runAgent(t, c, drv, t.TempDir())
+	ctx := driver.WithOpKey(context.Background(), "spawn-s1")
+	errc := make(chan error, 1)
+	start := time.Now()
+	go func() { errc <- c.svc.Spawn(ctx, driver.Spec{ServerID: "s1", Host: "h1"}) }()
+	for deadline := time.Now().Add(5 * time.Second); drv.n("spawn", "s1") == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent never ran the spawn")
+		}
+	}
+	if _, err := c.db.Exec(ctx, "DELETE FROM fleet_ops WHERE server_id = 's1'"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "no longer recorded") {
+			t.Fatalf("spawn whose op vanished: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("spawn whose op vanished still waits after %s", time.Since(start))
+	}
+	close(drv.gate)
+	if err := c.svc.Spawn(ctx, driver.Spec{ServerID: "s1", Host: "h1"}); err != nil {
+		t.Fatalf("spawn asked again: %v", err)
+	}
+	if n := drv.n("spawn", "s1"); n != 2 {
+		t.Errorf("spawn ran %d times, want 2 (the lost op, then the new one)", n)
+	}
+	if p, err := drv.State(ctx, "s1"); err != nil || p != driver.Running {
+		t.Errorf("s1 after the spawn asked again: %v %v", p, err)
+	}
+}
+
+// gatedDriver holds every spawn until gate is closed.
+type gatedDriver struct {
+	*countingDriver
+	gate chan struct{}
+}
+
+func (d *gatedDriver) Spawn(ctx context.Context, spec driver.Spec) error {
+	d.count("spawn", spec.ServerID)
+	select {
+	case <-d.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return d.Driver.Spawn(ctx, spec)
+}

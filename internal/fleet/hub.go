@@ -26,6 +26,7 @@ type hub struct {
 // opWaiter is a caller waiting for one op.
 type opWaiter struct {
 	id, host string
+	since    time.Time    // when the wait began, before the op's insert
 	ch       chan outcome // buffered: the first outcome wins
 }
 
@@ -40,7 +41,7 @@ func newHub() *hub {
 }
 
 func (h *hub) waitOp(id, host string) *opWaiter {
-	w := &opWaiter{id: id, host: host, ch: make(chan outcome, 1)}
+	w := &opWaiter{id: id, host: host, since: time.Now(), ch: make(chan outcome, 1)}
 	h.mu.Lock()
 	h.ops[id] = append(h.ops[id], w)
 	h.mu.Unlock()
@@ -90,6 +91,36 @@ func (h *hub) hostDown(down map[string]bool) {
 			}
 		}
 	}
+}
+
+// vanished tells the waiters of the given ops that their op is gone.
+func (h *hub) vanished(ids []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, id := range ids {
+		for _, w := range h.ops[id] {
+			select {
+			case w.ch <- outcome{vanished: true}:
+			default:
+			}
+		}
+	}
+}
+
+// waitedSince lists the op ids waited on here since before t.
+func (h *hub) waitedSince(t time.Time) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for id, ws := range h.ops {
+		for _, w := range ws {
+			if w.since.Before(t) {
+				out = append(out, id)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // waitedOps lists the op ids waited on here.
@@ -175,7 +206,7 @@ const announceLookback = 10 * time.Second
 func (s *Service) Run(ctx context.Context) {
 	t := time.NewTicker(s.cfg.PollInterval)
 	defer t.Stop()
-	var lastDown, lastSweep time.Time
+	var lastDown, lastLost, lastSweep time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -193,6 +224,13 @@ func (s *Service) Run(ctx context.Context) {
 			lastDown = now
 			if err := s.watchHosts(ctx, now); err != nil && ctx.Err() == nil {
 				s.log.Warn("fleet: polling hosts failed", "error", err)
+			}
+		}
+		// Commit latency is wall time, whatever the service's clock says.
+		if wall := time.Now(); wall.Sub(lastLost) >= s.cfg.LostCheck {
+			lastLost = wall
+			if err := s.watchLost(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("fleet: looking for lost ops failed", "error", err)
 			}
 		}
 		if now.Sub(lastSweep) >= time.Minute {
@@ -233,6 +271,52 @@ func (s *Service) watchResults(ctx context.Context) error {
 		rows.Close()
 		for _, op := range done {
 			s.hub.finished(op)
+		}
+	}
+	return nil
+}
+
+// watchLost ends the waits of ops that are no longer in the database. Only
+// a commit lost with a database primary can do that (the sweep deletes
+// only finished ops): the op's agent may never have seen it, or may have
+// run it and had its result refused as unknown. Either way no result will
+// come, and the caller asks again rather than wait for OpTimeout.
+func (s *Service) watchLost(ctx context.Context) error {
+	ids := s.hub.waitedSince(time.Now().Add(-s.cfg.LostCheck))
+	for len(ids) > 0 {
+		n := min(len(ids), 500)
+		chunk := ids[:n]
+		ids = ids[n:]
+		args := make([]any, n)
+		for i, id := range chunk {
+			args[i] = id
+		}
+		rows, err := s.db.Query(ctx, "SELECT id FROM fleet_ops WHERE id IN ("+placeholders(n)+")", args...)
+		if err != nil {
+			return err
+		}
+		found := make(map[string]bool, n)
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			found[id] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		var lost []string
+		for _, id := range chunk {
+			if !found[id] {
+				lost = append(lost, id)
+			}
+		}
+		if len(lost) > 0 {
+			s.log.Warn("fleet: ops lost from the database; their callers ask again", "ops", len(lost))
+			s.hub.vanished(lost)
 		}
 	}
 	return nil

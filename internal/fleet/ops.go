@@ -48,11 +48,12 @@ func scanOp(row interface{ Scan(...any) error }) (*opRow, error) {
 	return &o, nil
 }
 
-// outcome is how an op a caller waits on ended: finished (op set) or its
-// host went down.
+// outcome is how an op a caller waits on ended: finished (op set), its
+// host went down, or its row vanished (a commit lost in a failover).
 type outcome struct {
 	op       *opRow
 	hostDown bool
+	vanished bool
 }
 
 // call runs one driver call as an op on the server's host and waits for
@@ -206,20 +207,6 @@ func (s *Service) insert(ctx context.Context, id, key, host, serverID, kind stri
 	return &opRow{ID: id, Key: key, Host: host, ServerID: serverID, Kind: kind, State: statePending, Created: now}, nil
 }
 
-// asyncCommit lets a PostgreSQL transaction of ops commit without waiting
-// for its WAL to reach disk. Only a crash of the database server can lose
-// such a commit, and then the op is done again: the caller, finding no op
-// or no result after its restart, asks again, and the agent's driver calls
-// are idempotent. The next synchronous commit (compute's, right after)
-// flushes it anyway. SQLite's WAL mode does not sync commits at all.
-func asyncCommit(ctx context.Context, tx *store.Tx) error {
-	if tx.Dialect() != store.Postgres {
-		return nil
-	}
-	_, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off")
-	return err
-}
-
 // wait waits for op's outcome: its result, its host going down, its
 // timeout or the caller giving up.
 func (s *Service) wait(ctx context.Context, w *opWaiter, op *opRow, keyed bool) (json.RawMessage, error) {
@@ -228,6 +215,9 @@ func (s *Service) wait(ctx context.Context, w *opWaiter, op *opRow, keyed bool) 
 	defer timer.Stop()
 	select {
 	case out := <-w.ch:
+		if out.vanished {
+			return nil, fmt.Errorf("fleet: %s %s: op %s is no longer recorded (lost in a database failover); ask again", op.Kind, op.ServerID, op.ID)
+		}
 		if !out.hostDown {
 			return opResult(out.op)
 		}
