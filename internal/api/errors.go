@@ -73,7 +73,8 @@ func PolicyForbidden(rule string) *Error {
 // 404 for store.ErrNotFound, 409 for store.ErrConflict, 503 when the
 // database is away (store.IsUnavailable: down, restarting, failing over)
 // or the request's deadline passed, 503 when the disk it writes to is
-// full (store.IsFull), and 500 otherwise; the 5xx messages
+// full (store.IsFull), 503 when it waited too long for other requests'
+// locks (store.IsBusy), and 500 otherwise; the 5xx messages
 // never leak the internal error text.
 func AsError(err error) *Error {
 	var e *Error
@@ -87,6 +88,10 @@ func AsError(err error) *Error {
 		return Conflict("Conflict.")
 	case store.IsFull(err):
 		u := StorageFull()
+		u.Cause = err
+		return u
+	case store.IsBusy(err):
+		u := Busy()
 		u.Cause = err
 		return u
 	case store.IsUnavailable(err), errors.Is(err, context.DeadlineExceeded):
@@ -123,6 +128,15 @@ func StorageFull() *Error {
 	return &Error{Status: http.StatusServiceUnavailable,
 		Message: "The service is temporarily unavailable: its storage is full. Please retry later.",
 		Header:  http.Header{"Retry-After": {strconv.Itoa(RetryAfterFull)}}}
+}
+
+// Busy is the 503 of a request that waited too long for what other
+// requests were changing (store.IsBusy): the service is busy, not away,
+// and the client may send it again at once.
+func Busy() *Error {
+	return &Error{Status: http.StatusServiceUnavailable,
+		Message: "The service is busy with other requests for the same resources. Please retry.",
+		Header:  http.Header{"Retry-After": {"1"}}}
 }
 
 // ErrorRenderer writes an *Error in one service's wire shape.

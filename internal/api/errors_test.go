@@ -28,6 +28,7 @@ func TestAsError(t *testing.T) {
 		{"deadline", context.DeadlineExceeded, http.StatusServiceUnavailable, "5", api.Unavailable().Message},
 		{"SQLite full", errors.New("exec: database or disk is full (13)"), http.StatusServiceUnavailable, "30", api.StorageFull().Message},
 		{"file system full", fmt.Errorf("image: write: %w", syscall.ENOSPC), http.StatusServiceUnavailable, "30", api.StorageFull().Message},
+		{"lock wait too long", fmt.Errorf("x: %w", store.ErrBusy), http.StatusServiceUnavailable, "1", api.Busy().Message},
 		{"other", errors.New("boom"), http.StatusInternalServerError, "", ""},
 	}
 	for _, tt := range tests {

@@ -3,6 +3,7 @@ package compute
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -376,4 +377,49 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestStoreFaultRetried: a spawn that fails because this controller's
+// database failed it (away in a failover, here four times running, more
+// than one walk's retries) is tried again after the server's backoff, not
+// recorded as the server's fault: the server ends ACTIVE with one VM,
+// booted once, and nothing destroyed it in between.
+func TestStoreFaultRetried(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, dbURL string) {
+		e := newStepEnv(t, dbURL, 1, 0, 0, nil)
+		s := e.svcs[0]
+		drv := &storeFaultDriver{Driver: e.drv, fail: 4}
+		s.driver = drv
+		run(t, s)
+		sv := unitServer(t, s, e.img.ID)
+		s.enqueue(sv.ID)
+		waitActive(t, s, sv.ID)
+		if drv.failed.Load() != 4 || drv.destroyed.Load() != 0 {
+			t.Errorf("%d spawns failed, %d destroys; want 4 and 0", drv.failed.Load(), drv.destroyed.Load())
+		}
+		if p, err := e.drv.State(t.Context(), sv.ID); err != nil || p != driver.Running {
+			t.Fatalf("the VM: %v %v", p, err)
+		}
+	})
+}
+
+// storeFaultDriver fails its first fail spawns as the fleet does when its
+// database is away.
+type storeFaultDriver struct {
+	*fake.Driver
+	fail              int64
+	failed, destroyed atomic.Int64
+}
+
+func (d *storeFaultDriver) Spawn(ctx context.Context, spec driver.Spec) error {
+	if d.failed.Load() < d.fail {
+		d.failed.Add(1)
+		return fmt.Errorf("fleet: spawn %s: %w", spec.ServerID, store.ErrUnavailable)
+	}
+	return d.Driver.Spawn(ctx, spec)
+}
+
+func (d *storeFaultDriver) Destroy(ctx context.Context, id string) error {
+	d.destroyed.Add(1)
+	return d.Driver.Destroy(ctx, id)
 }

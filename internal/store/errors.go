@@ -29,6 +29,12 @@ var ErrUnavailable = errors.New("database unavailable")
 // answer 503 with Retry-After, and nothing needs restarting.
 var ErrStorageFull = errors.New("storage full")
 
+// ErrBusy is returned when a statement waited for a lock longer than its
+// transaction allows (PostgreSQL's lock_timeout, lock_not_available): other
+// requests hold what it needs. Like ErrUnavailable it is no fault of the
+// caller's: the APIs answer 503 with a short Retry-After.
+var ErrBusy = errors.New("database busy")
+
 // errKind is what an engine error means to Nimbus.
 type errKind int
 
@@ -38,6 +44,7 @@ const (
 	kindRetry               // a serialization failure or deadlock: run the transaction again
 	kindUnavailable         // the database is away: ErrUnavailable
 	kindFull                // no room to write: ErrStorageFull
+	kindBusy                // a lock wait outlasted its bound: ErrBusy
 )
 
 // kindOf is the one rule that reads engine errors; classify, Tx's retry
@@ -54,6 +61,9 @@ func kindOf(err error) errKind {
 	}
 	if errors.Is(err, ErrConflict) {
 		return kindConflict
+	}
+	if errors.Is(err, ErrBusy) {
+		return kindBusy
 	}
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
@@ -87,6 +97,8 @@ func textKind(msg string) errKind {
 		return kindRetry
 	case has("SQLSTATE 53100", "database or disk is full", "no space left on device"):
 		return kindFull
+	case has("SQLSTATE 55P03"):
+		return kindBusy
 	}
 	return kindOther
 }
@@ -100,6 +112,8 @@ func postgresKind(code string) errKind {
 		return kindRetry
 	case code == "53100": // disk_full
 		return kindFull
+	case code == "55P03": // lock_not_available: lock_timeout passed
+		return kindBusy
 	case strings.HasPrefix(code, "08"), // connection_exception and its kinds
 		code == "57P01", // admin_shutdown: a fast shutdown, or Patroni demoting the primary
 		code == "57P02", // crash_shutdown: another backend crashed
@@ -171,6 +185,11 @@ func classify(err error) error {
 			return err
 		}
 		return fmt.Errorf("%w: %w", ErrStorageFull, err)
+	case kindBusy:
+		if errors.Is(err, ErrBusy) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", ErrBusy, err)
 	}
 	return err
 }
@@ -185,3 +204,7 @@ func IsUnavailable(err error) bool { return kindOf(err) == kindUnavailable }
 // IsFull tells whether err means there was no room to write (see
 // ErrStorageFull): the database's or any file the service writes.
 func IsFull(err error) bool { return kindOf(err) == kindFull }
+
+// IsBusy tells whether err is a lock wait that outlasted its transaction's
+// bound (see ErrBusy and LockTimeout).
+func IsBusy(err error) bool { return kindOf(err) == kindBusy }

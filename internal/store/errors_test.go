@@ -51,6 +51,9 @@ func TestKindOf(t *testing.T) {
 		{"over quota", fmt.Errorf("write x: %w", syscall.EDQUOT), kindFull},
 		{"already full", fmt.Errorf("%w: x", ErrStorageFull), kindFull},
 		{"flattened SQLite full", errors.New("x: database or disk is full (13)"), kindFull},
+		{"lock timeout", pg("55P03"), kindBusy},
+		{"already busy", fmt.Errorf("%w: x", ErrBusy), kindBusy},
+		{"flattened lock timeout", errors.New("x: canceling statement due to lock timeout (SQLSTATE 55P03)"), kindBusy},
 	}
 	for _, tt := range tests {
 		if got := kindOf(tt.err); got != tt.want {

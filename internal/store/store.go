@@ -280,6 +280,19 @@ type Tx struct {
 // Dialect tells which engine the transaction is on.
 func (tx *Tx) Dialect() Dialect { return tx.dialect }
 
+// LockTimeout bounds each lock wait in the rest of the transaction by d
+// (at least a millisecond): a wait that outlasts it fails with ErrBusy.
+// It changes nothing on SQLite, whose transactions do not wait on one
+// another's locks.
+func (tx *Tx) LockTimeout(ctx context.Context, d time.Duration) error {
+	if tx.dialect != Postgres {
+		return nil
+	}
+	// SET takes no placeholders; the value is a number formatted here.
+	_, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(d.Milliseconds(), 1)))
+	return err
+}
+
 // Exec runs a statement in the transaction.
 func (tx *Tx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
 	if st := tx.db.stmt(q); st != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"nimbus/internal/store"
 	"nimbus/internal/store/storetest"
@@ -123,4 +124,56 @@ func TestUnavailable(t *testing.T) {
 	if !store.IsUnavailable(err) {
 		t.Fatalf("open of an unreachable server: %v, want unavailable", err)
 	}
+}
+
+// TestLockTimeout: on a real PostgreSQL, a transaction whose lock wait
+// outlasts its LockTimeout fails with ErrBusy, leaving the holder be; on
+// SQLite LockTimeout changes nothing.
+func TestLockTimeout(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		db, err := store.Open(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if db.Dialect() != store.Postgres {
+			if err := db.Tx(ctx, func(tx *store.Tx) error { return tx.LockTimeout(ctx, time.Millisecond) }); err != nil {
+				t.Fatalf("LockTimeout on %s: %v", db.Dialect(), err)
+			}
+			return
+		}
+		held, release := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- db.Tx(ctx, func(tx *store.Tx) error {
+				if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(4242)"); err != nil {
+					return err
+				}
+				close(held)
+				<-release
+				return nil
+			})
+		}()
+		<-held
+		start := time.Now()
+		err = db.Tx(ctx, func(tx *store.Tx) error {
+			if err := tx.LockTimeout(ctx, 200*time.Millisecond); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(4242)")
+			return err
+		})
+		waited := time.Since(start)
+		close(release)
+		if !errors.Is(err, store.ErrBusy) || !store.IsBusy(err) {
+			t.Fatalf("a lock wait past LockTimeout: %v, want ErrBusy", err)
+		}
+		if waited > 5*time.Second {
+			t.Errorf("gave up after %s", waited)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("the holder: %v", err)
+		}
+	})
 }

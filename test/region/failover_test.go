@@ -1,7 +1,6 @@
 package region_test
 
 import (
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -30,35 +29,19 @@ func TestPrimaryFailover(t *testing.T) {
 	}
 	region.Need(t, "NIMBUS_REQUIRE_PGHA", "etcd", "patroni", "haproxy")
 	up := time.Now()
-	cluster := region.StartCluster(t)
-	t.Logf("PostgreSQL HA up in %.1f s: %+v", time.Since(up).Seconds(), cluster.Members())
-
-	bin := region.Build(t)
-	const lb = "127.0.0.10"
-	addrs := []string{"127.0.0.11", "127.0.0.12", "127.0.0.13"}
-	ports := region.SharedPorts(t, append([]string{lb}, addrs...)...)
-	var ctls []*region.Controller
-	for i, a := range addrs {
-		cfg := region.ControllerConfig{Bin: bin, DatabaseURL: cluster.URL, Addr: a, Ports: ports, PublicHost: lb,
-			Args: []string{"--no-local-agent", "--trusted-proxies", lb, "--billing-credit-limit", "100000000000", "--down-after", "20s"}}
-		if i > 0 {
-			cfg.CA = ctls[0].Dir // docs/operator.md: every controller after the first gets its CA and secrets
-		}
-		ctls = append(ctls, region.StartController(t, fmt.Sprintf("controller%d", i+1), cfg))
-	}
-	ca := ctls[0].CACert()
-	bal := region.StartBalancer(t, lb, ca, ports, ctls...)
-	procs := []*region.Proc{bal.Proc, ctls[0].Proc, ctls[1].Proc, ctls[2].Proc}
+	r := region.StartRegion(t, "127.0.0.10", []string{"127.0.0.11", "127.0.0.12", "127.0.0.13"},
+		"--billing-credit-limit", "100000000000", "--down-after", "20s")
+	cluster, bal, procs := r.Cluster, r.Balancer, r.Procs()
+	t.Logf("region up in %.1f s: %+v", time.Since(up).Seconds(), cluster.Members())
 
 	// A hypervisor host whose agent enrols and reports through HAProxy.
 	agentDir := t.TempDir()
 	fleet := filepath.Join(agentDir, "fleet.json")
 	os.WriteFile(fleet, []byte(`[{"name":"hv-1","vcpus":256,"memory_mb":1048576,"disk_gb":100000}]`), 0o600)
-	agent := region.StartAgent(t, bin, ctls[0].Dir, cluster.URL, bal.URL("agent"), ca, agentDir, fleet,
-		"--fake-delay", "50ms", "--heartbeat", "1s")
+	agent := r.StartAgent(t, agentDir, fleet, "--fake-delay", "50ms", "--heartbeat", "1s")
 	procs = append(procs, agent)
 
-	cl := region.Connect(t, bal.URL("identity")+"/v3", ca, requestDeadline)
+	cl := region.Connect(t, bal.URL("identity")+"/v3", r.CA, requestDeadline)
 	if got := cl.Compute.Endpoint; !strings.HasPrefix(got, bal.URL("compute")) {
 		t.Fatalf("the catalog names compute at %s, not at HAProxy (%s)", got, bal.URL("compute"))
 	}
@@ -136,14 +119,14 @@ func TestPrimaryFailover(t *testing.T) {
 	stop = load.Run(4)
 	time.Sleep(2 * time.Second)
 	ctlKilled := time.Now()
-	ctls[2].Kill()
+	r.Controllers[2].Kill()
 	time.Sleep(10 * time.Second)
 	reqs = stop()
 	s = region.Summarize(t, reqs)
 	t.Logf("controller3 killed, through HAProxy: %s", s)
-	for _, r := range reqs {
-		if r.Status/100 != 2 && (r.Start.After(ctlKilled.Add(3*time.Second)) || r.Status != 0 || r.Hung()) {
-			t.Errorf("%s started %.1f s after the controller's kill: %d %v %s", r.Op, r.Start.Sub(ctlKilled).Seconds(), r.Status, r.Err, r.Body)
+	for _, q := range reqs {
+		if q.Status/100 != 2 && (q.Start.After(ctlKilled.Add(3*time.Second)) || q.Status != 0 || q.Hung()) {
+			t.Errorf("%s started %.1f s after the controller's kill: %d %v %s", q.Op, q.Start.Sub(ctlKilled).Seconds(), q.Status, q.Err, q.Body)
 		}
 	}
 	if !s.LastFailure.IsZero() {

@@ -302,6 +302,7 @@ func Summarize(t testing.TB, reqs []Request) Summary {
 			}
 		case r.Hung():
 			s.Hung++
+			logf("%s at %s: no answer within its deadline", r.Op, r.Start.Format("15:04:05.000"))
 		case r.Status == 0:
 			s.NoAnswer++
 			logf("%s at %s: no answer: %v", r.Op, r.Start.Format("15:04:05.000"), r.Err)
