@@ -628,13 +628,6 @@ func diskThrottle(f flavorSnap) (string, driver.IOPS) {
 	return typ, iops
 }
 
-// storeFault tells whether err is this controller's database failing it
-// (away, busy or full) rather than the step: no fault of the server's,
-// and it passes by itself.
-func storeFault(err error) bool {
-	return store.IsUnavailable(err) || store.IsBusy(err) || store.IsFull(err)
-}
-
 // fail puts a server in ERROR with a fault after a failed driver step;
 // release also frees its host and network (a build that never ran). A
 // host that is down, or a database that failed the step, leaves the step
@@ -646,7 +639,7 @@ func (s *Service) fail(ctx context.Context, sv *server, task, event string, star
 	if errors.Is(cause, driver.ErrHostDown) {
 		return fmt.Errorf("%w: %s (%s)", errWaitHost, sv.Host, task)
 	}
-	if storeFault(cause) {
+	if store.IsServiceFault(cause) {
 		return cause // tried again after the server's backoff
 	}
 	s.log.Warn("reconcile: step failed", "server", sv.ID, "task", task, "error", cause)

@@ -61,7 +61,7 @@ func (s *Service) stepSpawn(ctx context.Context, sv *server, started time.Time, 
 	// driver prepares the VM, which waits for them.
 	s.networks.NetworkChanged()
 	if err := retry(ctx, func() error { return s.driver.Spawn(ctx, spec) }); err != nil {
-		if storeFault(err) {
+		if store.IsServiceFault(err) {
 			// This controller's database, not the host: the step is tried
 			// again after the server's backoff and finds its op by its
 			// key. Destroying now would undo a spawn that went through.

@@ -124,15 +124,7 @@ func (h *hub) waitedSince(t time.Time) []string {
 }
 
 // waitedOps lists the op ids waited on here.
-func (h *hub) waitedOps() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make([]string, 0, len(h.ops))
-	for id := range h.ops {
-		out = append(out, id)
-	}
-	return out
-}
+func (h *hub) waitedOps() []string { return h.waitedSince(time.Now().Add(time.Hour)) }
 
 func (h *hub) addPoll(hosts []string) *pollWaiter {
 	p := &pollWaiter{hosts: hosts, ch: make(chan struct{}, 1)}
@@ -242,20 +234,29 @@ func (s *Service) Run(ctx context.Context) {
 	}
 }
 
-// watchResults finds results posted to other controllers for ops waited
-// on here.
-func (s *Service) watchResults(ctx context.Context) error {
-	ids := s.hub.waitedOps()
+// inChunks calls f with the ids in chunks of at most 500, each as query
+// arguments after lead, with as many placeholders: an IN list that stays
+// under every engine's parameter cap.
+func inChunks(ids []string, lead []any, f func(chunk []string, args []any, marks string) error) error {
 	for len(ids) > 0 {
-		n := min(len(ids), 500)
-		chunk := ids[:n]
-		ids = ids[n:]
-		args := make([]any, 0, n+1)
-		args = append(args, statePending)
+		chunk := ids[:min(len(ids), 500)]
+		ids = ids[len(chunk):]
+		args := append(make([]any, 0, len(lead)+len(chunk)), lead...)
 		for _, id := range chunk {
 			args = append(args, id)
 		}
-		rows, err := s.db.Query(ctx, "SELECT "+opColumns+" FROM fleet_ops o WHERE state <> ? AND id IN ("+placeholders(n)+")", args...)
+		if err := f(chunk, args, placeholders(len(chunk))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// watchResults finds results posted to other controllers for ops waited
+// on here.
+func (s *Service) watchResults(ctx context.Context) error {
+	return inChunks(s.hub.waitedOps(), []any{statePending}, func(_ []string, args []any, marks string) error {
+		rows, err := s.db.Query(ctx, "SELECT "+opColumns+" FROM fleet_ops o WHERE state <> ? AND id IN ("+marks+")", args...)
 		if err != nil {
 			return err
 		}
@@ -272,8 +273,8 @@ func (s *Service) watchResults(ctx context.Context) error {
 		for _, op := range done {
 			s.hub.finished(op)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // watchLost ends the waits of ops that are no longer in the database. Only
@@ -283,19 +284,12 @@ func (s *Service) watchResults(ctx context.Context) error {
 // come, and the caller asks again rather than wait for OpTimeout.
 func (s *Service) watchLost(ctx context.Context) error {
 	ids := s.hub.waitedSince(time.Now().Add(-s.cfg.LostCheck))
-	for len(ids) > 0 {
-		n := min(len(ids), 500)
-		chunk := ids[:n]
-		ids = ids[n:]
-		args := make([]any, n)
-		for i, id := range chunk {
-			args[i] = id
-		}
-		rows, err := s.db.Query(ctx, "SELECT id FROM fleet_ops WHERE id IN ("+placeholders(n)+")", args...)
+	return inChunks(ids, nil, func(chunk []string, args []any, marks string) error {
+		rows, err := s.db.Query(ctx, "SELECT id FROM fleet_ops WHERE id IN ("+marks+")", args...)
 		if err != nil {
 			return err
 		}
-		found := make(map[string]bool, n)
+		found := make(map[string]bool, len(chunk))
 		for rows.Next() {
 			var id string
 			if err := rows.Scan(&id); err != nil {
@@ -318,8 +312,8 @@ func (s *Service) watchLost(ctx context.Context) error {
 			s.log.Warn("fleet: ops lost from the database; their callers ask again", "ops", len(lost))
 			s.hub.vanished(lost)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // watchOps wakes the long-polls here for pending ops other controllers

@@ -191,7 +191,7 @@ func (q *req) errorPage(err error) {
 	var ae *APIError
 	switch {
 	case errors.As(err, &ae):
-	case store.IsUnavailable(err), store.IsFull(err), store.IsBusy(err):
+	case store.IsServiceFault(err):
 		q.p.cfg.Log.Warn("panel: database unavailable, busy or storage full", "path", q.r.URL.Path, "error", err)
 		ae = &APIError{Status: http.StatusServiceUnavailable, Message: "The service is briefly unavailable. Try again in a moment."}
 	default:

@@ -205,6 +205,17 @@ func IsUnavailable(err error) bool { return kindOf(err) == kindUnavailable }
 // ErrStorageFull): the database's or any file the service writes.
 func IsFull(err error) bool { return kindOf(err) == kindFull }
 
+// IsServiceFault tells whether err is the database failing the caller
+// through no fault of the caller's, and passing by itself: away, full or
+// busy. A front end answers it 503; work hit by it is tried again later.
+func IsServiceFault(err error) bool {
+	switch kindOf(err) {
+	case kindUnavailable, kindFull, kindBusy:
+		return true
+	}
+	return false
+}
+
 // IsBusy tells whether err is a lock wait that outlasted its transaction's
 // bound (see ErrBusy and LockTimeout).
 func IsBusy(err error) bool { return kindOf(err) == kindBusy }

@@ -59,6 +59,10 @@ func TestKindOf(t *testing.T) {
 		if got := kindOf(tt.err); got != tt.want {
 			t.Errorf("%s: kindOf(%v) = %d, want %d", tt.name, tt.err, got, tt.want)
 		}
+		fault := tt.want == kindUnavailable || tt.want == kindFull || tt.want == kindBusy
+		if got := IsServiceFault(tt.err); got != fault {
+			t.Errorf("%s: IsServiceFault = %v, want %v", tt.name, got, fault)
+		}
 	}
 }
 
