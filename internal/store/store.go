@@ -47,6 +47,9 @@ type DB struct {
 	sql     *sql.DB
 	dialect Dialect
 	stmts   stmtCache
+	// writer holds this process's SQLite writes in line (see write);
+	// nil on PostgreSQL, whose writers do not exclude one another.
+	writer chan struct{}
 }
 
 // Open connects to the database named by url and runs the migrations.
@@ -100,7 +103,7 @@ func open(url string) (*DB, error) {
 	}
 	// Keep the file private: it holds password hashes and customer data.
 	_ = os.Chmod(path, 0o600)
-	db := &DB{sql: sqldb, dialect: SQLite}
+	db := &DB{sql: sqldb, dialect: SQLite, writer: make(chan struct{}, 1)}
 	db.startStmtCache()
 	return db, nil
 }
@@ -160,6 +163,11 @@ type Querier interface {
 
 // Exec runs a statement outside any transaction.
 func (db *DB) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	done, err := db.write(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if st := db.stmt(q); st != nil {
 		res, err := st.ExecContext(ctx, args...)
 		return res, classify(err)
@@ -338,26 +346,44 @@ func (db *DB) Tx(ctx context.Context, f func(tx *Tx) error) error {
 }
 
 func (db *DB) tx(ctx context.Context, f func(tx *Tx) error) (err error) {
+	turn, err := db.write(ctx)
+	if err != nil {
+		return err
+	}
+	ended := false
+	done := func() {
+		if !ended {
+			ended = true
+			turn()
+		}
+	}
 	sqltx, err := db.sql.BeginTx(ctx, nil)
 	if err != nil {
+		done()
 		return classify(fmt.Errorf("store: begin: %w", err))
 	}
 	tx := &Tx{tx: sqltx, db: db, dialect: db.dialect}
 	defer func() {
 		if p := recover(); p != nil {
 			_ = sqltx.Rollback()
+			done()
 			panic(p)
 		}
 	}()
 	if err := f(tx); err != nil {
 		// A rollback that cannot reach the database says why f failed,
 		// whatever f made of its error (rows read half-way, say).
-		if rerr := sqltx.Rollback(); IsUnavailable(rerr) && !IsUnavailable(err) {
+		rerr := sqltx.Rollback()
+		done()
+		if IsUnavailable(rerr) && !IsUnavailable(err) {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return err
 	}
-	if err := sqltx.Commit(); err != nil {
+	err = sqltx.Commit()
+	// The turn ends before the AfterCommit work, which may write again.
+	done()
+	if err != nil {
 		return classify(err)
 	}
 	for _, a := range tx.after {
@@ -365,6 +391,40 @@ func (db *DB) tx(ctx context.Context, f func(tx *Tx) error) (err error) {
 	}
 	return nil
 }
+
+// writeWait bounds how long a write waits for its turn, as SQLite's
+// busy_timeout bounds a wait on another process's lock.
+const writeWait = 10 * time.Second
+
+// write waits for this process's turn to write to SQLite and returns what
+// ends it. SQLite takes one writer at a time; left to itself, a writer that
+// finds the lock taken sleeps 1, 2, 5, 10… ms before it looks again, so
+// under load the lock sits free while writers sleep. In line here, the next
+// writer starts the moment the last one commits, in the order they came.
+// Other processes on the same file (nimbus admin) still queue on
+// busy_timeout. On PostgreSQL it waits for nothing.
+func (db *DB) write(ctx context.Context) (done func(), err error) {
+	if db.writer == nil {
+		return func() {}, nil
+	}
+	select {
+	case db.writer <- struct{}{}:
+		return db.wrote, nil
+	default:
+	}
+	t := time.NewTimer(writeWait)
+	defer t.Stop()
+	select {
+	case db.writer <- struct{}{}:
+		return db.wrote, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.C:
+		return nil, fmt.Errorf("store: %w: no turn to write in %s", ErrBusy, writeWait)
+	}
+}
+
+func (db *DB) wrote() { <-db.writer }
 
 // IsNoRows reports whether err means an empty result.
 func IsNoRows(err error) bool { return errors.Is(err, sql.ErrNoRows) }

@@ -3,6 +3,8 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,6 +176,132 @@ func TestLockTimeout(t *testing.T) {
 		}
 		if err := <-done; err != nil {
 			t.Fatalf("the holder: %v", err)
+		}
+	})
+}
+
+// TestWritersInLine: writers that find another's transaction open wait
+// their turn and all commit once it ends; a writer whose context ends
+// while it waits gives up with that context's error, writing nothing; a
+// transaction that panics, and one whose AfterCommit writes again, leave
+// the next writer free to go (on SQLite a turn kept by mistake would hold
+// every later write for writeWait and fail it).
+func TestWritersInLine(t *testing.T) {
+	storetest.ForEachEngine(t, func(t *testing.T, url string) {
+		ctx := context.Background()
+		db, err := store.Open(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		set := func(ctx context.Context, tx *store.Tx, name string) error {
+			_, err := tx.Exec(ctx, "INSERT INTO settings (name, value) VALUES (?, '1')", name)
+			return err
+		}
+		held, release := make(chan struct{}), make(chan struct{})
+		holder := make(chan error, 1)
+		go func() {
+			holder <- db.Tx(ctx, func(tx *store.Tx) error {
+				if err := set(ctx, tx, "holder"); err != nil {
+					return err
+				}
+				close(held)
+				<-release
+				return nil
+			})
+		}()
+		<-held
+
+		if db.Dialect() == store.SQLite {
+			short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			err := db.Tx(short, func(tx *store.Tx) error { return set(short, tx, "impatient") })
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("a writer whose context ended in line: %v, want its context's error", err)
+			}
+		}
+
+		const writers = 8
+		errs := make(chan error, writers)
+		for i := range writers {
+			go func() {
+				errs <- db.Tx(ctx, func(tx *store.Tx) error {
+					tx.AfterCommit(func() {
+						if _, err := db.Exec(ctx, "UPDATE settings SET value = '2' WHERE name = ?", fmt.Sprint("w", i)); err != nil {
+							t.Errorf("a write after commit: %v", err)
+						}
+					})
+					return set(ctx, tx, fmt.Sprint("w", i))
+				})
+			}()
+		}
+		time.Sleep(50 * time.Millisecond)
+		close(release)
+		if err := <-holder; err != nil {
+			t.Fatalf("the holder: %v", err)
+		}
+		for range writers {
+			if err := <-errs; err != nil {
+				t.Fatalf("a writer in line: %v", err)
+			}
+		}
+
+		func() {
+			defer func() { recover() }()
+			db.Tx(ctx, func(tx *store.Tx) error { panic("boom") })
+		}()
+		start := time.Now()
+		if err := db.Tx(ctx, func(tx *store.Tx) error { return set(ctx, tx, "after-panic") }); err != nil {
+			t.Fatalf("a write after a panicking transaction: %v", err)
+		}
+		if waited := time.Since(start); waited > 5*time.Second {
+			t.Errorf("a write after a panicking transaction waited %s", waited)
+		}
+
+		var n, two int
+		if err := db.QueryRow(ctx, "SELECT COUNT(*), COALESCE(SUM(CASE WHEN value = '2' THEN 1 ELSE 0 END), 0) FROM settings WHERE name LIKE 'w%' OR name IN ('holder', 'impatient', 'after-panic')").Scan(&n, &two); err != nil {
+			t.Fatal(err)
+		}
+		if n != writers+2 || two != writers {
+			t.Errorf("%d rows (%d updated after commit), want %d (%d)", n, two, writers+2, writers)
+		}
+	})
+}
+
+// BenchmarkConcurrentWrites: small write transactions from many
+// goroutines at once, as a create's requests and its reconcile steps make.
+func BenchmarkConcurrentWrites(b *testing.B) {
+	for _, e := range storetest.Engines(b) {
+		b.Run(e.Name, func(b *testing.B) { benchWrites(b, e.URL) })
+	}
+}
+
+func benchWrites(b *testing.B, url string) {
+	ctx := context.Background()
+	db, err := store.Open(ctx, url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	// b.N grows over calls on the same database: each call its own names.
+	run := time.Now().UnixNano()
+	var seq atomic.Int64
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			name := fmt.Sprint("bench-", run, "-", seq.Add(1))
+			if err := db.Tx(ctx, func(tx *store.Tx) error {
+				var n int
+				if err := tx.QueryRow(ctx, "SELECT COUNT(*) FROM settings WHERE name = ?", name).Scan(&n); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, "INSERT INTO settings (name, value) VALUES (?, '1')", name)
+				return err
+			}); err != nil {
+				b.Error(err)
+				return
+			}
 		}
 	})
 }
