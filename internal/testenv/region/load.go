@@ -273,6 +273,9 @@ type Summary struct {
 	// FirstFailure and LastFailure bound the requests that did not
 	// succeed (zero when all did).
 	FirstFailure, LastFailure time.Time
+	// Slowest is the longest a request that was answered waited: how
+	// close the region came to its clients' deadline.
+	Slowest time.Duration
 }
 
 // Summarize counts reqs, checking that every 503 has OpenStack's error body
@@ -287,6 +290,9 @@ func Summarize(t testing.TB, reqs []Request) Summary {
 		}
 	}
 	for _, r := range reqs {
+		if r.Status != 0 {
+			s.Slowest = max(s.Slowest, r.End.Sub(r.Start))
+		}
 		switch {
 		case r.Status/100 == 2:
 			s.OK++
@@ -321,8 +327,8 @@ func Summarize(t testing.TB, reqs []Request) Summary {
 }
 
 func (s Summary) String() string {
-	return fmt.Sprintf("%d requests: %d succeeded (%d creates), %d answered 503, %d hung past their deadline, %d had no answer, others %v",
-		s.Total, s.OK, s.Created, s.Unavailable, s.Hung, s.NoAnswer, s.Other)
+	return fmt.Sprintf("%d requests: %d succeeded (%d creates), %d answered 503, %d hung past their deadline, %d had no answer, others %v; the slowest answer took %.1f s",
+		s.Total, s.OK, s.Created, s.Unavailable, s.Hung, s.NoAnswer, s.Other, s.Slowest.Seconds())
 }
 
 // check503 holds a 503 to its service's error body: Nova's (and Cinder's)
