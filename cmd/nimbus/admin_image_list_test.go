@@ -11,7 +11,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
 
 	"nimbus/internal/cloud"
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/testenv"
 )
 
@@ -48,8 +48,8 @@ func TestImageList(t *testing.T) {
 			byID[r.ID] = r
 		}
 		want := map[string]listedImage{up.ID: {ID: up.ID, Name: "mine", Status: "active", Size: 12, Real: true, OSDistro: "alpine", LoginUser: "alpine"}}
-		for _, ci := range image.Catalog {
-			id := image.CatalogID(ci.Name)
+		for _, ci := range imagecatalog.Images {
+			id := imagecatalog.ID(ci.Name)
 			want[id] = listedImage{ID: id, Name: ci.Name, Status: "active", Size: 1 << 20, OSDistro: ci.Distro, LoginUser: ci.LoginUser}
 		}
 		for id, w := range want {
@@ -75,8 +75,8 @@ func TestImageList(t *testing.T) {
 		if _, err := admin.Get(ctx, admin.ServiceURL("images")+"?nimbus_placeholder=true", &filtered, nil); err != nil {
 			t.Fatal(err)
 		}
-		if len(filtered.Images) != len(image.Catalog) {
-			t.Errorf("?nimbus_placeholder=true lists %d images, want the %d of the catalog", len(filtered.Images), len(image.Catalog))
+		if len(filtered.Images) != len(imagecatalog.Images) {
+			t.Errorf("?nimbus_placeholder=true lists %d images, want the %d of the catalog", len(filtered.Images), len(imagecatalog.Images))
 		}
 		for _, im := range filtered.Images {
 			if im.ID == up.ID {

@@ -26,7 +26,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
 
 	"nimbus/internal/cloud"
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/testenv"
 )
 
@@ -231,9 +231,9 @@ func TestImageImport(t *testing.T) {
 			}
 			json.Unmarshal([]byte(stdout), &out)
 			left = imagesNamed(t, admin, "Debian 12")
-			if len(left) != 1 || left[0].ID != image.CatalogID("Debian 12") || left[0].Checksum != qcowSum || left[0].Visibility != "public" || left[0].Properties["os_type"] != "linux" ||
+			if len(left) != 1 || left[0].ID != imagecatalog.ID("Debian 12") || left[0].Checksum != qcowSum || left[0].Visibility != "public" || left[0].Properties["os_type"] != "linux" ||
 				left[0].Properties["login_user"] != "debian" || left[0].MinDiskGigabytes != 10 || left[0].DiskFormat != "qcow2" ||
-				left[0].Properties["nimbus_placeholder"] != nil || len(out.Replaced) != 1 || out.Replaced[0] != image.CatalogID("Debian 12") {
+				left[0].Properties["nimbus_placeholder"] != nil || len(out.Replaced) != 1 || out.Replaced[0] != imagecatalog.ID("Debian 12") {
 				t.Fatalf("Debian 12 after --replace: %+v, output %+v", left, out)
 			}
 			// The demo project cannot see, let alone replace, another

@@ -26,7 +26,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/images"
 
 	"nimbus/internal/cloud"
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/testenv"
 )
 
@@ -259,7 +259,7 @@ func TestImageImportURL(t *testing.T) {
 		t.Run("replace a catalog placeholder", func(t *testing.T) {
 			data := randomBytes(2<<20, qcow2Head())
 			v.add("noble-server-cloudimg-amd64.img", data, data)
-			id := image.CatalogID("Ubuntu 24.04")
+			id := imagecatalog.ID("Ubuntu 24.04")
 			before, err := images.Get(ctx, admin, id).Extract()
 			if err != nil || before.Properties["nimbus_placeholder"] != "true" {
 				t.Fatalf("placeholder %+v: %v", before, err)

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"nimbus/internal/cloud"
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/testenv"
 )
 
@@ -75,7 +75,7 @@ func TestFirstHourEqualsQuote(t *testing.T) {
 					t.Errorf("the configurator shows %d an hour for %s; the quote is %d", got, tc.form, want)
 				}
 				id := f.create("/servers", `{"server": {"name": "fh", "flavorRef": "`+tc.flavor+`", "imageRef": "`+
-					image.CatalogID(tc.image)+`", "networks": [{"uuid": "`+netID+`"}]}}`, "server")
+					imagecatalog.ID(tc.image)+`", "networks": [{"uuid": "`+netID+`"}]}}`, "server")
 				f.waitFor(c.ComputeURL+"/servers/"+id, "server", "ACTIVE")
 				f.checkHours(tc.flavor, want, "fh")
 				f.remove(c.ComputeURL + "/servers/" + id)
@@ -122,7 +122,7 @@ func TestFirstHourEqualsQuote(t *testing.T) {
 			var q quoteBody
 			f.call("POST", c.BillingURL+"/v1/quotes", `{"quote": {"flavor": "d2.4g.local.ipv4", "tariff": "prepaid", "term_months": 1}}`, 200, &q)
 			id := f.create("/servers", `{"server": {"name": "fh", "flavorRef": "d2.4g.local.ipv4", "imageRef": "`+
-				image.CatalogID("Debian 12")+`", "networks": [{"uuid": "`+netID+`"}]}}`, "server")
+				imagecatalog.ID("Debian 12")+`", "networks": [{"uuid": "`+netID+`"}]}}`, "server")
 			f.waitFor(c.ComputeURL+"/servers/"+id, "server", "ACTIVE")
 			f.checkHours("the hour before the term", hourly, "fh")
 			f.call("POST", c.BillingURL+"/v1/terms", `{"term": {"server_id": "`+id+`", "months": 1}}`, 201, nil)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/testenv"
 )
 
@@ -59,7 +59,7 @@ func TestImageBounds(t *testing.T) {
 		})
 
 		t.Run("snapshot metadata over limit", func(t *testing.T) {
-			st, m := e.compute(t, "POST", "/servers", e.demoTok, `{"server": {"name": "b", "imageRef": "`+image.CatalogID("Debian 12")+
+			st, m := e.compute(t, "POST", "/servers", e.demoTok, `{"server": {"name": "b", "imageRef": "`+imagecatalog.ID("Debian 12")+
 				`", "flavorRef": "2", "networks": "auto"}}`)
 			if st != http.StatusAccepted {
 				t.Fatalf("create server: %d %v", st, m)

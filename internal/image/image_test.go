@@ -27,6 +27,7 @@ import (
 
 	"nimbus/internal/cloud"
 	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/store"
 	"nimbus/internal/testenv"
 )
@@ -150,12 +151,12 @@ func testCatalog(t *testing.T, e *env) {
 	for _, im := range all {
 		byName[im.Name] = im
 	}
-	for _, ci := range image.Catalog {
+	for _, ci := range imagecatalog.Images {
 		im, ok := byName[ci.Name]
 		if !ok {
 			t.Fatalf("catalog image %q not listed", ci.Name)
 		}
-		if im.ID != image.CatalogID(ci.Name) || im.Status != images.ImageStatusActive || im.Visibility != images.ImageVisibilityPublic {
+		if im.ID != imagecatalog.ID(ci.Name) || im.Status != images.ImageStatusActive || im.Visibility != images.ImageVisibilityPublic {
 			t.Errorf("%s: id %s status %s visibility %s", ci.Name, im.ID, im.Status, im.Visibility)
 		}
 		for _, k := range []string{"os_type", "os_distro", "os_version", "login_protocol", "login_user"} {
@@ -721,7 +722,7 @@ func testBadInput(t *testing.T, e *env) {
 
 func testContract(t *testing.T, e *env) {
 	ctx := context.Background()
-	base, err := e.c.Images.Get(ctx, e.demoProj, false, image.CatalogID("Ubuntu 24.04"))
+	base, err := e.c.Images.Get(ctx, e.demoProj, false, imagecatalog.ID("Ubuntu 24.04"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -792,13 +793,13 @@ func TestBootstrapIdempotent(t *testing.T) {
 		}
 		c1 := testenv.StartCloud(t, dbURL)
 		n1 := count(c1)
-		if n1 != len(image.Catalog) {
-			t.Fatalf("first start: %d images, want %d", n1, len(image.Catalog))
+		if n1 != len(imagecatalog.Images) {
+			t.Fatalf("first start: %d images, want %d", n1, len(imagecatalog.Images))
 		}
 		if err := c1.Images.Bootstrap(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if err := c1.Images.Delete(ctx, image.CatalogID("Fedora 41")); err != nil {
+		if err := c1.Images.Delete(ctx, imagecatalog.ID("Fedora 41")); err != nil {
 			t.Fatal(err)
 		}
 		c1.Close()
@@ -809,7 +810,7 @@ func TestBootstrapIdempotent(t *testing.T) {
 		}
 		client := testenv.HTTPClient(t, c2)
 		tok := testenv.Token(t, c2, cloud.DemoUser)
-		resp, b := testenv.Do(t, client, "GET", c2.ImageURL+"/v2/images/"+image.CatalogID("Debian 12")+"/file", tok, "")
+		resp, b := testenv.Do(t, client, "GET", c2.ImageURL+"/v2/images/"+imagecatalog.ID("Debian 12")+"/file", tok, "")
 		testenv.MustStatus(t, resp, b, 200)
 		if len(b) != 1<<20 || !strings.HasPrefix(b, "NIMBUS PLACEHOLDER IMAGE") {
 			t.Errorf("placeholder after restart: %d bytes %q", len(b), b[:min(len(b), 40)])

@@ -17,7 +17,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/image/v2/imagedata"
 
 	"nimbus/internal/billing"
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/testenv"
 )
 
@@ -266,7 +266,7 @@ func (e *env) openPeriod(t *testing.T, id string) (kind, project string) {
 }
 
 func testSnapshotQuota(t *testing.T, e *env) {
-	st, m := e.compute(t, "POST", "/servers", e.demoTok, `{"server": {"name": "q", "imageRef": "`+image.CatalogID("Debian 12")+
+	st, m := e.compute(t, "POST", "/servers", e.demoTok, `{"server": {"name": "q", "imageRef": "`+imagecatalog.ID("Debian 12")+
 		`", "flavorRef": "2", "networks": "auto"}}`)
 	if st != http.StatusAccepted {
 		t.Fatalf("create server: %d %v", st, m)
@@ -352,7 +352,7 @@ func testImageCharges(t *testing.T, e *env) {
 	if n, sum := charges(id); n < 1 || sum != -3*int64(n) {
 		t.Errorf("image charges: %d rows summing %d, want 3 per hour", n, sum)
 	}
-	for _, free := range []string{pub, image.CatalogID("Debian 12")} {
+	for _, free := range []string{pub, imagecatalog.ID("Debian 12")} {
 		if n, _ := charges(free); n != 0 {
 			t.Errorf("public image %s charged %d times", free, n)
 		}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/testenv"
 )
 
@@ -28,7 +28,7 @@ func TestReplaceData(t *testing.T) {
 			}
 			return id
 		}
-		target := image.CatalogID("Debian 12")
+		target := imagecatalog.ID("Debian 12")
 		action := func(id string) string { return "/v2/images/" + id + "/actions/nimbus-replace-data" }
 		body := func(from string) string { return `{"from": "` + from + `"}` }
 

@@ -15,7 +15,7 @@ import (
 	"nimbus/internal/api"
 	"nimbus/internal/billing"
 	"nimbus/internal/compute"
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 )
 
 // configuratorRoutes are the price list and the configurator: choose a
@@ -210,12 +210,12 @@ func (c choice) shape() compute.Shape {
 }
 
 // catalogImage finds the chosen image of the public catalog.
-func (c choice) catalogImage() (image.CatalogImage, bool) {
-	i := slices.IndexFunc(image.Catalog, func(ci image.CatalogImage) bool { return ci.Name == c.Image })
+func (c choice) catalogImage() (imagecatalog.Image, bool) {
+	i := slices.IndexFunc(imagecatalog.Images, func(ci imagecatalog.Image) bool { return ci.Name == c.Image })
 	if i < 0 {
-		return image.CatalogImage{}, false
+		return imagecatalog.Image{}, false
 	}
-	return image.Catalog[i], true
+	return imagecatalog.Images[i], true
 }
 
 func (c choice) windows() bool {
@@ -401,7 +401,7 @@ func (p *Panel) renderConfigure(q *req, c choice) error {
 	}
 	page := configurePage{C: c, Opts: opts, Terms: terms(pl.PriceList), Keys: keys, Est: p.estimate(q, c), Query: c.query(), Windows: c.windows()}
 	base, market := imageGroup{Label: q.T("Operating systems")}, imageGroup{Label: q.T("Marketplace")}
-	for _, ci := range image.Catalog {
+	for _, ci := range imagecatalog.Images {
 		if ci.MarketplaceOf != "" {
 			market.Names = append(market.Names, ci.Name)
 		} else {
@@ -508,7 +508,7 @@ func (p *Panel) order(q *req, c choice) (key, private string, err error) {
 	if err != nil {
 		return "", "", asAPIError(err)
 	}
-	sv := map[string]any{"name": c.Name, "imageRef": image.CatalogID(c.Image), "flavorRef": flavor.ID,
+	sv := map[string]any{"name": c.Name, "imageRef": imagecatalog.ID(c.Image), "flavorRef": flavor.ID,
 		"min_count": c.Quantity, "max_count": c.Quantity, "networks": []map[string]string{{"uuid": netID}},
 		"return_reservation_id": true}
 	if key != "" {

@@ -30,6 +30,7 @@ import (
 
 	"nimbus/internal/cloud"
 	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/testenv"
 	"nimbus/internal/testenv/syncbuf"
 )
@@ -202,7 +203,7 @@ func TestRegionImages(t *testing.T) {
 	ctx := context.Background()
 
 	// The catalog's placeholders were put in Ceph by the first start.
-	debian := image.CatalogID("Debian 12")
+	debian := imagecatalog.ID("Debian 12")
 	var loc string
 	must(t, r.c[1].DB.QueryRow(ctx, "SELECT location FROM images WHERE id = ?", debian).Scan(&loc))
 	if !strings.HasPrefix(loc, "rbd://") || !strings.HasSuffix(loc, "/"+testenv.ImagesPool+"/"+debian+"/snap") {

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"nimbus/internal/driver"
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/qmp"
 )
 
@@ -799,7 +799,7 @@ func refusePlaceholder(img driver.ImageRef) error {
 		name = img.ID
 	}
 	return fmt.Errorf("image %q (%s) cannot boot: %s; put the real image in its place with: %s",
-		name, img.ID, image.PlaceholderReason, image.PlaceholderFix(img.ID, name))
+		name, img.ID, imagecatalog.PlaceholderReason, imagecatalog.PlaceholderFix(img.ID, name))
 }
 
 // ovmfPaths are where Debian and Fedora install OVMF (code, vars).

@@ -16,7 +16,7 @@ import (
 
 	"nimbus/internal/cloud"
 	"nimbus/internal/driver/qemu"
-	"nimbus/internal/image"
+	"nimbus/internal/imagecatalog"
 	"nimbus/internal/testenv"
 )
 
@@ -55,14 +55,14 @@ func testPlaceholderRefused(t *testing.T, dbURL string) {
 
 	const name = "Ubuntu 24.04"
 	start := time.Now()
-	sv, err := servers.Create(ctx, demo, servers.CreateOpts{Name: "ph", ImageRef: image.CatalogID(name),
+	sv, err := servers.Create(ctx, demo, servers.CreateOpts{Name: "ph", ImageRef: imagecatalog.ID(name),
 		FlavorRef: "ph.small", Networks: "auto"}, nil).Extract()
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := waitError(t, demo, sv.ID)
 	t.Logf("create → ERROR in %v", time.Since(start).Round(time.Millisecond))
-	for _, want := range []string{`"` + name + `"`, image.PlaceholderReason,
+	for _, want := range []string{`"` + name + `"`, imagecatalog.PlaceholderReason,
 		`nimbus admin image import --replace --name "Ubuntu 24.04" --checksums https://cloud-images.ubuntu.com/noble/current/SHA256SUMS ` +
 			"https://cloud-images.ubuntu.com/noble/current/noble-server-cloudimg-amd64.img"} {
 		if !strings.Contains(got.Fault.Message, want) {
