@@ -620,17 +620,13 @@ func (s *Service) DeleteTerminated(ctx context.Context, tx *store.Tx, volumeID s
 	if n > 0 || !deletable[v.Status] {
 		return keep("attached or not in a deletable status")
 	}
-	if err := s.snapshotsOnVolumeDelete(ctx, tx, v, false); err != nil {
+	if err := s.beginDelete(ctx, tx, v, false); err != nil {
 		var aerr *api.Error
 		if errors.As(err, &aerr) {
 			return keep(aerr.Message)
 		}
 		return err
 	}
-	if _, err := s.setStatus(ctx, tx, v, StatusDeleting, ""); err != nil {
-		return err
-	}
-	tx.AfterCommit(func() { s.kick(v.ID) })
 	return nil
 }
 

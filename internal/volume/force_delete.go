@@ -23,33 +23,24 @@ func (s *Service) forceDelete(r *http.Request) (*api.Response, error) {
 		if err != nil {
 			return err
 		}
-		if v.Status != StatusDeleting {
-			atts, err := attachmentsOf(ctx, tx, v.ID)
-			if err != nil {
-				return err
-			}
-			for _, a := range atts {
-				if a.Host != "" || a.Status == AttachAttached {
-					return invalidVolume("Volume %s is attached to server %s: detach it first.", v.ID, a.ServerID)
-				}
-			}
-			if _, err := tx.Exec(ctx, "DELETE FROM volume_attachments WHERE volume_id = ?", v.ID); err != nil {
-				return err
-			}
-			if err := s.snapshotsOnVolumeDelete(ctx, tx, v, false); err != nil {
-				return err
-			}
-			// An offer of the volume goes with it (transfers.go).
-			if _, err := dropTransfers(ctx, tx, v.ID, s.now()); err != nil {
-				return err
-			}
-			if _, err := s.setStatus(ctx, tx, v, StatusDeleting, ""); err != nil {
-				return err
+		if v.Status == StatusDeleting {
+			// A volume an admin reset to deleting has no work queued yet.
+			tx.AfterCommit(func() { s.kick(v.ID) })
+			return nil
+		}
+		atts, err := attachmentsOf(ctx, tx, v.ID)
+		if err != nil {
+			return err
+		}
+		for _, a := range atts {
+			if a.Host != "" || a.Status == AttachAttached {
+				return invalidVolume("Volume %s is attached to server %s: detach it first.", v.ID, a.ServerID)
 			}
 		}
-		// A volume an admin reset to deleting has no work queued yet.
-		tx.AfterCommit(func() { s.kick(v.ID) })
-		return nil
+		if _, err := tx.Exec(ctx, "DELETE FROM volume_attachments WHERE volume_id = ?", v.ID); err != nil {
+			return err
+		}
+		return s.beginDelete(ctx, tx, v, false)
 	})
 	if err != nil {
 		return nil, err

@@ -334,15 +334,37 @@ func parseMetadata(key string, raw json.RawMessage) (map[string]string, error) {
 		if err := json.Unmarshal(v, &s); err != nil {
 			return nil, api.BadRequest("Invalid input for field/attribute %s. Value: %s. %s is not of type 'string'", k, v, v)
 		}
-		if n := len([]rune(k)); n < 1 || n > 255 {
-			return nil, api.BadRequest("Invalid input for field/attribute %s. Metadata property key must be 1 to 255 characters.", key)
-		}
-		if len([]rune(s)) > 255 {
-			return nil, api.BadRequest("Invalid input for field/attribute %s. Metadata property value for %s is greater than 255 characters.", key, k)
+		if err := checkMetadataItem(key, k, s); err != nil {
+			return nil, err
 		}
 		out[k] = s
 	}
 	return out, nil
+}
+
+// checkMetadata holds metadata given in process to parseMetadata's bounds.
+func checkMetadata(key string, m map[string]string) error {
+	if len(m) > maxMetadata {
+		return errTooMuchMetadata()
+	}
+	for k, v := range m {
+		if err := checkMetadataItem(key, k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkMetadataItem is Cinder's bound on one metadata item: a key of 1 to
+// 255 characters, a value of at most 255.
+func checkMetadataItem(key, k, v string) error {
+	if n := len([]rune(k)); n < 1 || n > 255 {
+		return api.BadRequest("Invalid input for field/attribute %s. Metadata property key must be 1 to 255 characters.", key)
+	}
+	if len([]rune(v)) > 255 {
+		return api.BadRequest("Invalid input for field/attribute %s. Metadata property value for %s is greater than 255 characters.", key, k)
+	}
+	return nil
 }
 
 // gib is bytes in started GiB, with no overflow however near MaxInt64.

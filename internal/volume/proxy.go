@@ -1,10 +1,7 @@
 package volume
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"net/http"
 	"time"
 
 	"nimbus/internal/api"
@@ -16,9 +13,9 @@ import (
 // (nova/volume/cinder.py API.get, get_all, create, delete, get_snapshot,
 // get_all_snapshots, create_snapshot(_force), delete_snapshot). They run
 // with the caller's project and rights, never more: reads use the same
-// visibility rule as this API (ownedVol, ownedSnap), and writes go
-// through this API's own handlers, so quotas, billing and state rules are
-// Cinder's.
+// visibility rule as this API (ownedVol, ownedSnap), and writes are the
+// operations this API's handlers call (createVol, deleteVol, createSnap,
+// deleteSnap), so quotas, billing and state rules are Cinder's.
 
 // ProxyVolume is a volume as a proxy shows it.
 type ProxyVolume struct {
@@ -109,29 +106,21 @@ func (s *Service) ProxyVolume(ctx context.Context, c *api.Caller, id string) (Pr
 	return proxyVolume(v), nil
 }
 
-// ProxyCreateVolume creates a volume for c through POST /v3/volumes.
+// ProxyCreateVolume creates a volume for c as POST /v3/volumes does.
 func (s *Service) ProxyCreateVolume(ctx context.Context, c *api.Caller, req ProxyVolumeRequest) (ProxyVolume, error) {
-	b := map[string]any{"size": req.Size}
-	for k, v := range map[string]*string{"name": req.Name, "description": req.Description, "volume_type": req.Type,
-		"availability_zone": req.Zone, "snapshot_id": req.SnapshotID} {
-		if v != nil {
-			b[k] = *v
-		}
-	}
-	if req.Metadata != nil {
-		b["metadata"] = req.Metadata
-	}
-	resp, err := s.proxyCall(ctx, c, s.createVolume, "POST", "/v3/volumes", "", map[string]any{"volume": b})
+	size := req.Size
+	v, err := s.createVol(ctx, c, VolumeSpec{Name: req.Name, Description: req.Description, Size: &size, Type: req.Type,
+		Zone: req.Zone, SnapshotID: req.SnapshotID, Metadata: req.Metadata})
 	if err != nil {
 		return ProxyVolume{}, err
 	}
-	return s.ProxyVolume(ctx, c, createdID(resp, "volume"))
+	return s.ProxyVolume(ctx, c, v.ID)
 }
 
-// ProxyDeleteVolume deletes volume id for c through DELETE /v3/volumes/{id}.
+// ProxyDeleteVolume deletes volume id for c as DELETE /v3/volumes/{id}
+// does.
 func (s *Service) ProxyDeleteVolume(ctx context.Context, c *api.Caller, id string) error {
-	_, err := s.proxyCall(ctx, c, s.deleteVolume, "DELETE", "/v3/volumes/", id, nil)
-	return err
+	return s.deleteVol(ctx, c, id, false, false)
 }
 
 // ProxySnapshots are the snapshots of c's project, newest first.
@@ -156,57 +145,17 @@ func (s *Service) ProxySnapshot(ctx context.Context, c *api.Caller, id string) (
 	return proxySnapshot(sn), nil
 }
 
-// ProxyCreateSnapshot takes a snapshot for c through POST /v3/snapshots.
+// ProxyCreateSnapshot takes a snapshot for c as POST /v3/snapshots does.
 func (s *Service) ProxyCreateSnapshot(ctx context.Context, c *api.Caller, req ProxySnapshotRequest) (ProxySnapshot, error) {
-	b := map[string]any{"volume_id": req.VolumeID, "force": req.Force}
-	if req.Name != nil {
-		b["name"] = *req.Name
-	}
-	if req.Description != nil {
-		b["description"] = *req.Description
-	}
-	resp, err := s.proxyCall(ctx, c, s.createSnapshot, "POST", "/v3/snapshots", "", map[string]any{"snapshot": b})
+	sn, err := s.createSnap(ctx, c, SnapshotSpec{VolumeID: req.VolumeID, Force: req.Force, Name: req.Name, Description: req.Description})
 	if err != nil {
 		return ProxySnapshot{}, err
 	}
-	return s.ProxySnapshot(ctx, c, createdID(resp, "snapshot"))
+	return s.ProxySnapshot(ctx, c, sn.ID)
 }
 
-// ProxyDeleteSnapshot deletes snapshot id for c through
-// DELETE /v3/snapshots/{id}.
+// ProxyDeleteSnapshot deletes snapshot id for c as
+// DELETE /v3/snapshots/{id} does.
 func (s *Service) ProxyDeleteSnapshot(ctx context.Context, c *api.Caller, id string) error {
-	_, err := s.proxyCall(ctx, c, s.deleteSnapshot, "DELETE", "/v3/snapshots/", id, nil)
-	return err
-}
-
-// proxyCall runs one of this API's handlers in process as c, at the base
-// microversion 3.0, with body as its JSON body and id as its {id}.
-func (s *Service) proxyCall(ctx context.Context, c *api.Caller, h api.HandlerFunc, method, path, id string, body any) (*api.Response, error) {
-	var raw []byte
-	if body != nil {
-		var err error
-		if raw, err = json.Marshal(body); err != nil {
-			return nil, err
-		}
-	}
-	r, err := http.NewRequestWithContext(api.WithCaller(ctx, c), method, path+id, bytes.NewReader(raw))
-	if err != nil {
-		return nil, err
-	}
-	r.Header.Set("Content-Type", "application/json")
-	r.SetPathValue("id", id)
-	// Before negotiates the version: with no header, Cinder's minimum,
-	// whatever the calling API's request carried.
-	if r, err = microversions.Before(r); err != nil {
-		return nil, err
-	}
-	return h(r)
-}
-
-// createdID is the id in a create answer {key: {"id": …}}.
-func createdID(resp *api.Response, key string) string {
-	m, _ := resp.Body.(map[string]any)
-	obj, _ := m[key].(map[string]any)
-	id, _ := obj["id"].(string)
-	return id
+	return s.deleteSnap(ctx, c, id, false)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -254,8 +255,6 @@ func nameDesc(b body) (name, desc *string, set map[string]bool, err error) {
 // cinder/volume/api.py _create_snapshot_in_db): 202 with the snapshot in
 // status creating; the worker copies the volume's file after commit.
 func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
-	ctx := r.Context()
-	c := caller(r)
 	b, err := decodeBody(r, "snapshot")
 	if err != nil {
 		return nil, err
@@ -275,21 +274,54 @@ func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
 	if volID == nil {
 		return nil, api.BadRequest("Invalid input for field/attribute snapshot. 'volume_id' is a required property")
 	}
-	force, _, err := b.boolean("force")
-	if err != nil {
+	spec := SnapshotSpec{VolumeID: *volID}
+	if spec.Force, _, err = b.boolean("force"); err != nil {
 		return nil, err
 	}
-	name, desc, _, err := nameDesc(b)
-	if err != nil {
+	if spec.Name, spec.Description, _, err = nameDesc(b); err != nil {
 		return nil, err
 	}
-	meta := map[string]string{}
 	if raw, ok := b["metadata"]; ok {
-		if meta, err = parseMetadata("metadata", raw); err != nil {
+		if spec.Metadata, err = parseMetadata("metadata", raw); err != nil {
 			return nil, err
 		}
 	}
-	pre, err := ownedVol(ctx, s.db, c, *volID)
+	sn, err := s.createSnap(r.Context(), caller(r), spec)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusAccepted, map[string]any{"snapshot": snapView(r, sn, snapDetail)}), nil
+}
+
+// SnapshotSpec is a snapshot to take of VolumeID; Force takes one of an
+// in-use volume. Nil fields are not given.
+type SnapshotSpec struct {
+	VolumeID          string
+	Force             bool
+	Name, Description *string
+	Metadata          map[string]string
+}
+
+// createSnap takes the snapshot spec asks for, for c
+// (cinder/volume/api.py _create_snapshot_in_db): of a volume c sees,
+// available (or in use, forced), within quota and funds. It is in status
+// creating; the worker copies the volume's data after commit.
+func (s *Service) createSnap(ctx context.Context, c *api.Caller, spec SnapshotSpec) (*snapRow, error) {
+	for _, f := range []struct {
+		name string
+		val  *string
+	}{{"name", spec.Name}, {"description", spec.Description}} {
+		if f.val != nil && len([]rune(*f.val)) > 255 {
+			return nil, api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is too long", f.name, *f.val, *f.val)
+		}
+	}
+	if err := checkMetadata("metadata", spec.Metadata); err != nil {
+		return nil, err
+	}
+	meta := map[string]string{}
+	maps.Copy(meta, spec.Metadata)
+	name, desc := trimmed(spec.Name), trimmed(spec.Description)
+	pre, err := ownedVol(ctx, s.db, c, spec.VolumeID)
 	if err != nil {
 		return nil, err
 	}
@@ -298,12 +330,12 @@ func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
 	}
 	var sn *snapRow
 	err = s.db.Tx(ctx, func(tx *store.Tx) error {
-		v, err := ownedVol(ctx, tx, c, *volID)
+		v, err := ownedVol(ctx, tx, c, spec.VolumeID)
 		if err != nil {
 			return err
 		}
 		valid := []string{StatusAvailable}
-		if force {
+		if spec.Force {
 			valid = append(valid, "in-use")
 		}
 		if !contains(valid, v.Status) {
@@ -329,7 +361,7 @@ func (s *Service) createSnapshot(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusAccepted, map[string]any{"snapshot": snapView(r, sn, snapDetail)}), nil
+	return sn, nil
 }
 
 func contains(list []string, s string) bool {
@@ -418,13 +450,18 @@ func (s *Service) updateSnapshot(r *http.Request) (*api.Response, error) {
 // deleting (and stops being charged) at once, and is gone once its file
 // is (cinder/volume/api.py delete_snapshot).
 func (s *Service) deleteSnapshot(r *http.Request) (*api.Response, error) {
-	return s.startSnapshotDelete(r, false)
+	if err := s.deleteSnap(r.Context(), caller(r), r.PathValue("id"), false); err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusAccepted), nil
 }
 
-func (s *Service) startSnapshotDelete(r *http.Request, force bool) (*api.Response, error) {
-	ctx := r.Context()
-	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		sn, err := ownedSnap(ctx, tx, caller(r), r.PathValue("id"))
+// deleteSnap deletes snapshot id for c: one available or in error, or in
+// any status when force (an admin's os-force_delete), but never one a
+// volume is still being made from.
+func (s *Service) deleteSnap(ctx context.Context, c *api.Caller, id string, force bool) error {
+	return s.db.Tx(ctx, func(tx *store.Tx) error {
+		sn, err := ownedSnap(ctx, tx, c, id)
 		if err != nil {
 			return err
 		}
@@ -451,10 +488,6 @@ func (s *Service) startSnapshotDelete(r *http.Request, force bool) (*api.Respons
 		tx.AfterCommit(func() { s.kick(snapKey + sn.ID) })
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return api.Empty(http.StatusAccepted), nil
 }
 
 // snapshotAction is POST /snapshots/{id}/action: the admin's
@@ -475,7 +508,10 @@ func (s *Service) snapshotAction(r *http.Request) (*api.Response, error) {
 			if !caller(r).IsAdmin() {
 				return nil, api.PolicyForbidden("volume_extension:snapshot_admin_actions:force_delete")
 			}
-			return s.startSnapshotDelete(r, true)
+			if err := s.deleteSnap(r.Context(), caller(r), r.PathValue("id"), true); err != nil {
+				return nil, err
+			}
+			return api.Empty(http.StatusAccepted), nil
 		case "os-update_snapshot_status":
 			return s.updateSnapshotStatus(r, raw)
 		}
@@ -715,21 +751,13 @@ func nullID(id string) any {
 	return id
 }
 
-// volumeSource reads a create body's snapshot_id or source_volid: v is to
+// volumeSource reads a create's snapshot or source volume: v is to
 // be made from that snapshot or volume, of its size at least, of its type
 // unless another is asked for, bootable and with its image metadata as
 // Cinder carries them over (cinder/volume/flows/api/create_volume.py). It
 // answers the size and type reference to use.
-func (s *Service) volumeSource(ctx context.Context, c *api.Caller, b body, v *volRow, imageRef *string, size int64, haveSize bool,
-	typeRef *string) (int64, bool, *string, error) {
-	snapID, err := b.optString("snapshot_id", 255)
-	if err != nil {
-		return 0, false, nil, err
-	}
-	srcID, err := b.optString("source_volid", 255)
-	if err != nil {
-		return 0, false, nil, err
-	}
+func (s *Service) volumeSource(ctx context.Context, c *api.Caller, spec VolumeSpec, v *volRow, size int64, haveSize bool) (int64, bool, *string, error) {
+	snapID, srcID, imageRef, typeRef := spec.SnapshotID, spec.SourceVolID, spec.ImageRef, spec.Type
 	if snapID != nil && *snapID == "" {
 		snapID = nil
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"os/exec"
@@ -131,34 +133,57 @@ var createKeys = []string{"name", "description", "display_name", "display_descri
 // createVolume is POST /volumes (cinder/api/v3/volumes.py create): 202
 // with the new volume in status creating; its data is made after commit.
 func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
-	ctx := r.Context()
-	c := caller(r)
-	var outer map[string]json.RawMessage
-	if err := api.DecodeJSON(r, &outer); err != nil {
-		return nil, err
-	}
-	if err := api.UnknownFields(outer, "volume", "OS-SCH-HNT:scheduler_hints"); err != nil {
-		return nil, err
-	}
-	b, err := inner(outer, "volume")
+	spec, err := decodeVolumeSpec(r)
 	if err != nil {
 		return nil, err
 	}
+	v, err := s.createVol(r.Context(), caller(r), spec)
+	if err != nil {
+		return nil, err
+	}
+	return api.JSON(http.StatusAccepted, map[string]any{"volume": writeView(r, v)}), nil
+}
+
+// VolumeSpec is a volume to create as its caller asks for it; nil fields
+// are not given.
+type VolumeSpec struct {
+	Name, Description *string
+	Size              *int64
+	Type, Zone        *string
+	// At most one source: a snapshot, a volume, an image.
+	SnapshotID, SourceVolID, ImageRef *string
+	Metadata                          map[string]string
+}
+
+// decodeVolumeSpec reads a create body in Cinder's words
+// (cinder/api/schemas/volumes.py create, create_volume_v313/v347): from
+// 3.53 unknown attributes are refused.
+func decodeVolumeSpec(r *http.Request) (VolumeSpec, error) {
+	var spec VolumeSpec
+	var outer map[string]json.RawMessage
+	if err := api.DecodeJSON(r, &outer); err != nil {
+		return spec, err
+	}
+	if err := api.UnknownFields(outer, "volume", "OS-SCH-HNT:scheduler_hints"); err != nil {
+		return spec, err
+	}
+	b, err := inner(outer, "volume")
+	if err != nil {
+		return spec, err
+	}
 	if minor(r) >= 53 {
 		if err := api.UnknownFields(b, createKeys...); err != nil {
-			return nil, err
+			return spec, err
 		}
 	}
-	v := &volRow{ID: newID(), ProjectID: c.ProjectID, UserID: c.UserID, Status: StatusCreating, Zone: AvailabilityZone,
-		Metadata: map[string]string{}, ImageMetadata: map[string]string{}}
 	for _, k := range [][2]string{{"name", "display_name"}, {"description", "display_description"}} {
 		val, err := b.optString(k[0], 255)
 		if err != nil {
-			return nil, err
+			return spec, err
 		}
 		if val == nil {
 			if val, err = b.optString(k[1], 255); err != nil {
-				return nil, err
+				return spec, err
 			}
 		}
 		if val != nil {
@@ -166,53 +191,119 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 			val = &t
 		}
 		if k[0] == "name" {
-			v.Name = val
+			spec.Name = val
 		} else {
-			v.Description = val
+			spec.Description = val
 		}
 	}
 	for key, what := range map[string]string{"backup_id": "a backup", "consistencygroup_id": "a consistency group", "group_id": "a group"} {
 		if raw, ok := b[key]; ok && !isNull(raw) {
-			return nil, api.BadRequest("Creating a volume from %s is not supported yet.", what)
+			return spec, api.BadRequest("Creating a volume from %s is not supported yet.", what)
 		}
 	}
 	if multi, _, err := b.boolean("multiattach"); err != nil {
-		return nil, err
+		return spec, err
 	} else if multi {
-		return nil, api.BadRequest("Multiattach volumes are not supported yet.")
+		return spec, api.BadRequest("Multiattach volumes are not supported yet.")
 	}
-	if az, err := b.optString("availability_zone", 255); err != nil {
-		return nil, err
-	} else if az != nil && *az != "" && *az != AvailabilityZone {
-		// cinder/exception.py InvalidAvailabilityZone
-		return nil, api.BadRequest("Availability zone '%s' is invalid.", *az)
+	if spec.Zone, err = b.optString("availability_zone", 255); err != nil {
+		return spec, err
+	}
+	if err := checkZone(spec.Zone); err != nil {
+		return spec, err
 	}
 	if raw, ok := b["metadata"]; ok {
-		if v.Metadata, err = parseMetadata("metadata", raw); err != nil {
-			return nil, err
+		if spec.Metadata, err = parseMetadata("metadata", raw); err != nil {
+			return spec, err
 		}
 	}
-	size, haveSize, err := b.size("size")
-	if err != nil {
-		return nil, err
+	if size, ok, err := b.size("size"); err != nil {
+		return spec, err
+	} else if ok {
+		spec.Size = &size
 	}
-	typeRef, err := b.optString("volume_type", 255)
-	if err != nil {
-		return nil, err
+	if spec.Type, err = b.optString("volume_type", 255); err != nil {
+		return spec, err
 	}
-	imageRef, err := b.optString("imageRef", 255)
-	if err != nil {
-		return nil, err
+	if spec.ImageRef, err = b.optString("imageRef", 255); err != nil {
+		return spec, err
 	}
-	if imageRef == nil {
-		if imageRef, err = b.optString("image_id", 255); err != nil {
-			return nil, err
+	if spec.ImageRef == nil {
+		if spec.ImageRef, err = b.optString("image_id", 255); err != nil {
+			return spec, err
 		}
 	}
-	if size, haveSize, typeRef, err = s.volumeSource(ctx, c, b, v, imageRef, size, haveSize, typeRef); err != nil {
+	if spec.SnapshotID, err = b.optString("snapshot_id", 255); err != nil {
+		return spec, err
+	}
+	if spec.SourceVolID, err = b.optString("source_volid", 255); err != nil {
+		return spec, err
+	}
+	return spec, nil
+}
+
+// checkZone refuses a zone other than the one volumes live in
+// (cinder/exception.py InvalidAvailabilityZone); none, or "", is that one.
+func checkZone(az *string) error {
+	if az != nil && *az != "" && *az != AvailabilityZone {
+		return api.BadRequest("Availability zone '%s' is invalid.", *az)
+	}
+	return nil
+}
+
+// check holds a spec from any caller to the bounds the API's decoding
+// holds a request to: an in-process caller gets no more than a client.
+func (spec VolumeSpec) check() error {
+	for _, f := range []struct {
+		name string
+		val  *string
+	}{{"name", spec.Name}, {"description", spec.Description}, {"volume_type", spec.Type},
+		{"snapshot_id", spec.SnapshotID}, {"source_volid", spec.SourceVolID}, {"imageRef", spec.ImageRef}} {
+		if f.val != nil && len([]rune(*f.val)) > 255 {
+			return api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is too long", f.name, *f.val, *f.val)
+		}
+	}
+	if n := spec.Size; n != nil && *n < 1 {
+		return api.BadRequest("Invalid input for field/attribute size. Value: %d. %d is less than the minimum of 1", *n, *n)
+	} else if n != nil && *n > math.MaxInt32 {
+		return api.BadRequest("Invalid input for field/attribute size. Value: %d. %d is greater than the maximum of %d", *n, *n, math.MaxInt32)
+	}
+	if err := checkMetadata("metadata", spec.Metadata); err != nil {
+		return err
+	}
+	return checkZone(spec.Zone)
+}
+
+// trimmed is s without leading and trailing space, as Cinder keeps names
+// and descriptions; nil stays nil.
+func trimmed(s *string) *string {
+	if s == nil {
+		return nil
+	}
+	t := strings.TrimSpace(*s)
+	return &t
+}
+
+// createVol creates the volume spec asks for, for c, with Cinder's rules
+// (cinder/volume/api.py API.create): its source, size, type, quota and
+// funds. The volume is in status creating; its data is made after commit.
+func (s *Service) createVol(ctx context.Context, c *api.Caller, spec VolumeSpec) (*volRow, error) {
+	if err := spec.check(); err != nil {
 		return nil, err
 	}
-	if imageRef != nil && *imageRef != "" {
+	v := &volRow{ID: newID(), ProjectID: c.ProjectID, UserID: c.UserID, Status: StatusCreating, Zone: AvailabilityZone,
+		Name: trimmed(spec.Name), Description: trimmed(spec.Description), Metadata: map[string]string{}, ImageMetadata: map[string]string{}}
+	maps.Copy(v.Metadata, spec.Metadata)
+	var size int64
+	haveSize := spec.Size != nil
+	if haveSize {
+		size = *spec.Size
+	}
+	size, haveSize, typeRef, err := s.volumeSource(ctx, c, spec, v, size, haveSize)
+	if err != nil {
+		return nil, err
+	}
+	if imageRef := spec.ImageRef; imageRef != nil && *imageRef != "" {
 		img, err := s.volumeImage(ctx, c, *imageRef)
 		if err != nil {
 			return nil, err
@@ -271,7 +362,7 @@ func (s *Service) createVolume(r *http.Request) (*api.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.JSON(http.StatusAccepted, map[string]any{"volume": writeView(r, v)}), nil
+	return v, nil
 }
 
 // volumeImage checks that an image can become a volume: visible, active,
@@ -409,7 +500,6 @@ func (s *Service) updateVolume(r *http.Request) (*api.Response, error) {
 // deleteVolume is DELETE /volumes/{id}: 202, the volume goes to deleting
 // (and stops being charged) at once, and is gone once its file is.
 func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
-	ctx := r.Context()
 	c := caller(r)
 	q := r.URL.Query()
 	for _, k := range []string{"cascade", "force"} {
@@ -423,8 +513,18 @@ func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
 	}
 	force := minor(r) >= 23 && q.Get("force") != "" && func() bool { b, _ := api.ParseBool(q.Get("force")); return b }()
 	cascade, _ := api.ParseBool(q.Get("cascade"))
-	err := s.db.Tx(ctx, func(tx *store.Tx) error {
-		v, err := ownedVol(ctx, tx, c, r.PathValue("id"))
+	if err := s.deleteVol(r.Context(), c, r.PathValue("id"), cascade, force); err != nil {
+		return nil, err
+	}
+	return api.Empty(http.StatusAccepted), nil
+}
+
+// deleteVol deletes volume id for c (cinder/volume/api.py API.delete):
+// its snapshots with it when cascade, whatever its status when force (an
+// admin's), but never while attached or reserved.
+func (s *Service) deleteVol(ctx context.Context, c *api.Caller, id string, cascade, force bool) error {
+	return s.db.Tx(ctx, func(tx *store.Tx) error {
+		v, err := ownedVol(ctx, tx, c, id)
 		if err != nil {
 			return err
 		}
@@ -442,23 +542,27 @@ func (s *Service) deleteVolume(r *http.Request) (*api.Response, error) {
 			return invalidVolume("Volume status must be available or error or error_restoring or error_extending or error_managing " +
 				"and must not be migrating, attached, belong to a group, have snapshots, awaiting a transfer, or be disassociated from snapshots after volume transfer.")
 		}
-		if err := s.snapshotsOnVolumeDelete(ctx, tx, v, cascade); err != nil {
-			return err
-		}
-		// An offer of the volume (a force delete) goes with it (transfers.go).
-		if _, err := dropTransfers(ctx, tx, v.ID, s.now()); err != nil {
-			return err
-		}
-		if _, err := s.setStatus(ctx, tx, v, StatusDeleting, ""); err != nil {
-			return err
-		}
-		tx.AfterCommit(func() { s.kick(v.ID) })
-		return nil
+		return s.beginDelete(ctx, tx, v, cascade)
 	})
-	if err != nil {
-		return nil, err
+}
+
+// beginDelete is the one sequence that deletes a volume, in tx, for every
+// way there is to ask (DELETE, os-force_delete, delete_on_termination):
+// its snapshots go with it (cascade) or keep it (Cinder's 400), an offer
+// of it is withdrawn (transfers.go), and it turns deleting, no longer
+// charged; its worker removes the data once tx commits.
+func (s *Service) beginDelete(ctx context.Context, tx *store.Tx, v *volRow, cascade bool) error {
+	if err := s.snapshotsOnVolumeDelete(ctx, tx, v, cascade); err != nil {
+		return err
 	}
-	return api.Empty(http.StatusAccepted), nil
+	if _, err := dropTransfers(ctx, tx, v.ID, s.now()); err != nil {
+		return err
+	}
+	if _, err := s.setStatus(ctx, tx, v, StatusDeleting, ""); err != nil {
+		return err
+	}
+	tx.AfterCommit(func() { s.kick(v.ID) })
+	return nil
 }
 
 // ---- Listing ----
