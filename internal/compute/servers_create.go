@@ -314,131 +314,64 @@ func randomString(n int, chars string) string {
 	return string(b)
 }
 
-// handleCreate is POST /servers.
+// handleCreate is POST /servers: the create's request read, its plan
+// resolved, its servers placed and recorded, and Nova's answer.
 func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	ctx := r.Context()
-	v := VersionFrom(ctx)
-	c := api.CallerFrom(ctx)
-	req, err := parseCreate(r, v)
+	req, err := parseCreate(r, VersionFrom(ctx))
 	if err != nil {
 		return nil, err
 	}
-	// Look-ups that need no lock happen before the transaction.
-	flavor, err := s.getFlavor(ctx, s.db, req.FlavorRef)
+	plan, err := s.planCreate(ctx, api.CallerFrom(ctx), req)
 	if err != nil {
-		return nil, notFoundAs(err, api.BadRequest("Flavor %s could not be found.", req.FlavorRef))
-	}
-	if ok, err := s.flavorAccessible(ctx, s.db, flavor, c.ProjectID); err != nil {
 		return nil, err
-	} else if !ok {
-		return nil, api.BadRequest("Flavor %s could not be found.", req.FlavorRef)
 	}
-	if flavor.Disabled {
-		return nil, api.BadRequest("Flavor is disabled.")
+	created, err := s.create(ctx, plan)
+	if err != nil {
+		return nil, err
 	}
-	img, imgErr := s.imageDefinedBDMs(ctx, c, req)
-	bootImage, err := s.checkBDMSources(ctx, c, req)
+	if req.ReturnReservation {
+		return api.JSON(http.StatusAccepted, map[string]any{"reservation_id": plan.rid}), nil
+	}
+	first := created[0]
+	lk := links(r, "servers/"+first.ID)
+	sgView := make([]any, 0, len(plan.sgs))
+	for _, g := range plan.sgs {
+		sgView = append(sgView, map[string]string{"name": g})
+	}
+	body := map[string]any{"id": first.ID, "links": lk, "OS-DCF:diskConfig": req.DiskConfig,
+		"security_groups": sgView, "adminPass": req.AdminPass}
+	return api.JSON(http.StatusAccepted, map[string]any{"server": body}).WithHeader("Location", lk[0]["href"]), nil
+}
+
+// planCreate resolves, for caller c, everything req names that needs no
+// lock, before any transaction: the flavor, the image, the key pair, the
+// zone or host asked for, the security groups and networks, the group.
+func (s *Service) planCreate(ctx context.Context, c *api.Caller, req *createReq) (*createPlan, error) {
+	flavor, err := s.usableFlavor(ctx, c, req.FlavorRef)
+	if err != nil {
+		return nil, err
+	}
+	osType, bootImage, err := s.createImage(ctx, c, req, flavor)
 	if err != nil {
 		return nil, err
 	}
 	bootVolume := req.bootVolumeReq() != nil
-	if bootVolume {
-		// Nova keeps no image for a server booted from a volume it was
-		// asked for (its view shows "image": "").
-		req.ImageRef = ""
-	}
-	osType := ""
-	if req.ImageRef != "" {
-		if img == nil && imgErr == nil {
-			img, imgErr = s.images.Get(ctx, c.ProjectID, c.IsAdmin(), req.ImageRef)
-		}
-		if imgErr != nil {
-			return nil, notFoundAs(imgErr, api.BadRequest("Can not find requested image"))
-		}
-		if img.Status != "active" {
-			return nil, api.BadRequest("Image %s is not active.", img.ID)
-		}
-		if err := imageFits(img, flavor.RAM, flavor.Disk); err != nil {
-			return nil, err
-		}
-		osType = osTypeOf(img)
-	} else if bootImage != "" {
-		// The OS of the boot volume's image, as far as the caller sees it.
-		if img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), bootImage); err == nil {
-			if img.MinRAM > flavor.RAM {
-				return nil, api.BadRequest("Flavor's memory is too small for requested image.")
-			}
-			osType = osTypeOf(img)
-		}
-	}
-	// A network-disk flavor boots an image from a volume made of it.
-	networkDisk := !bootVolume && s.volumes != nil && flavor.ExtraSpecs["nimbus:disk_type"] == "network"
 	var kp *Keypair
 	if req.KeyName != "" {
 		if kp, err = s.getKeypair(ctx, s.db, c.UserID, req.KeyName); err != nil {
 			return nil, notFoundAs(err, api.BadRequest("Invalid key_name provided."))
 		}
 	}
-	if req.Host != "" && !c.IsAdmin() {
-		return nil, api.PolicyForbidden("compute:servers:create:requested_destination")
-	}
-	if req.AZ != "" || req.Host != "" {
-		hosts, err := s.enabledHosts(ctx)
-		if err != nil {
-			return nil, err
-		}
-		zones, err := s.hostZones(ctx)
-		if err != nil {
-			return nil, err
-		}
-		zoneOK, hostOK := req.AZ == "", req.Host == ""
-		for _, h := range hosts {
-			zoneOK = zoneOK || zoneIn(h, zones) == req.AZ
-			hostOK = hostOK || (h.Name == req.Host && (req.AZ == "" || zoneIn(h, zones) == req.AZ))
-		}
-		if !zoneOK {
-			return nil, api.BadRequest("The requested availability zone is not available")
-		}
-		if !hostOK {
-			return nil, api.BadRequest("Compute host %s could not be found.", req.Host)
-		}
+	if err := s.checkDestination(ctx, c, req.AZ, req.Host); err != nil {
+		return nil, err
 	}
 	if err := s.networks.CheckSecurityGroups(ctx, c.ProjectID, req.SecurityGroups); err != nil {
 		return nil, err
 	}
-	var nets []resolvedNet
-	switch {
-	case req.NetMode == "none":
-	case req.NetMode == "auto":
-		n, err := s.networks.AutoNetwork(ctx, c.ProjectID)
-		if err != nil {
-			return nil, err
-		}
-		nets = append(nets, resolvedNet{networkID: n.ID})
-	default:
-		for _, n := range req.Nets {
-			if n.Port != "" {
-				p, err := s.networks.GetPort(ctx, c.ProjectID, c.IsAdmin(), n.Port)
-				if err != nil {
-					return nil, notFoundAs(err, api.BadRequest("Port %s could not be found.", n.Port))
-				}
-				if p.DeviceID != "" {
-					return nil, api.Conflict("Port %s is still in use.", n.Port)
-				}
-				if req.MaxCount > 1 {
-					return nil, api.BadRequest("Multiple instances cannot be created with the same port.")
-				}
-				nets = append(nets, resolvedNet{networkID: p.NetworkID, portID: p.ID})
-				continue
-			}
-			if _, err := s.networks.GetNetwork(ctx, c.ProjectID, c.IsAdmin(), n.UUID); err != nil {
-				return nil, notFoundAs(err, api.BadRequest("Network %s could not be found.", n.UUID))
-			}
-			if n.FixedIP != "" && req.MaxCount > 1 {
-				return nil, api.BadRequest("max_count cannot be greater than 1 if an fixed_ip is specified.")
-			}
-			nets = append(nets, resolvedNet{networkID: n.UUID, fixedIP: n.FixedIP})
-		}
+	nets, err := s.createNets(ctx, c, req)
+	if err != nil {
+		return nil, err
 	}
 	sgs := req.SecurityGroups
 	if len(sgs) == 0 {
@@ -447,9 +380,6 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if req.AdminPass == "" {
 		req.AdminPass = randomString(12, passChars)
 	}
-	rid := "r-" + randomString(8, "0123456789abcdefghijklmnopqrstuvwxyz")
-	snap := snapOf(flavor)
-	publicIP := flavor.ExtraSpecs["nimbus:public_ipv4"] == "true"
 	var pinned *string
 	if req.AZ != "" {
 		pinned = &req.AZ
@@ -459,34 +389,170 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 			return nil, err
 		}
 	}
-	// Placement happens here, in the create: the scheduler reserves hosts
-	// for up to max_count servers, no more than the quota allows (read
-	// here, checked again in the transaction), and the transaction keeps as
-	// many as the quota allows. Fewer than min_count placed fails them all,
-	// as Nova's NoValidHost does, with nothing held and nothing charged.
-	// (A create of an exact count has nothing to cut: the transaction's
-	// check alone answers it, one read fewer per create.)
+	return &createPlan{req: req, caller: c, flavor: flavor, snap: snapOf(flavor), osType: osType, kp: kp, nets: nets,
+		sgs: sgs, rid: "r-" + randomString(8, "0123456789abcdefghijklmnopqrstuvwxyz"), pinned: pinned,
+		publicIP: flavor.ExtraSpecs["nimbus:public_ipv4"] == "true", requestID: api.RequestID(ctx),
+		volumeBDMs: req.volumeBDMs(), bootImage: bootImage,
+		// A network-disk flavor boots an image from a volume made of it.
+		networkDisk: !bootVolume && s.volumes != nil && flavor.ExtraSpecs["nimbus:disk_type"] == "network"}, nil
+}
+
+// usableFlavor is the flavor ref names, if c may use it and it is enabled.
+func (s *Service) usableFlavor(ctx context.Context, c *api.Caller, ref string) (*Flavor, error) {
+	flavor, err := s.getFlavor(ctx, s.db, ref)
+	if err != nil {
+		return nil, notFoundAs(err, api.BadRequest("Flavor %s could not be found.", ref))
+	}
+	if ok, err := s.flavorAccessible(ctx, s.db, flavor, c.ProjectID); err != nil {
+		return nil, err
+	} else if !ok {
+		return nil, api.BadRequest("Flavor %s could not be found.", ref)
+	}
+	if flavor.Disabled {
+		return nil, api.BadRequest("Flavor is disabled.")
+	}
+	return flavor, nil
+}
+
+// createImage checks what req boots against flavor: its image, active and
+// fitting, or its block devices' sources. It answers the servers' OS type
+// (as far as c sees it) and the image a boot volume is made of; a server
+// booted from a volume it was asked for keeps no image (Nova's view shows
+// "image": "").
+func (s *Service) createImage(ctx context.Context, c *api.Caller, req *createReq, flavor *Flavor) (osType, bootImage string, err error) {
+	img, imgErr := s.imageDefinedBDMs(ctx, c, req)
+	if bootImage, err = s.checkBDMSources(ctx, c, req); err != nil {
+		return "", "", err
+	}
+	if req.bootVolumeReq() != nil {
+		req.ImageRef = ""
+	}
+	if req.ImageRef != "" {
+		if img == nil && imgErr == nil {
+			img, imgErr = s.images.Get(ctx, c.ProjectID, c.IsAdmin(), req.ImageRef)
+		}
+		if imgErr != nil {
+			return "", "", notFoundAs(imgErr, api.BadRequest("Can not find requested image"))
+		}
+		if img.Status != "active" {
+			return "", "", api.BadRequest("Image %s is not active.", img.ID)
+		}
+		if err := imageFits(img, flavor.RAM, flavor.Disk); err != nil {
+			return "", "", err
+		}
+		return osTypeOf(img), bootImage, nil
+	}
+	if bootImage != "" {
+		// The OS of the boot volume's image, as far as the caller sees it.
+		if img, err := s.images.Get(ctx, c.ProjectID, c.IsAdmin(), bootImage); err == nil {
+			if img.MinRAM > flavor.RAM {
+				return "", "", api.BadRequest("Flavor's memory is too small for requested image.")
+			}
+			return osTypeOf(img), bootImage, nil
+		}
+	}
+	return "", bootImage, nil
+}
+
+// checkDestination checks a zone and host asked for: a host only by an
+// admin, each among the enabled hosts, the host in the zone.
+func (s *Service) checkDestination(ctx context.Context, c *api.Caller, az, host string) error {
+	if host != "" && !c.IsAdmin() {
+		return api.PolicyForbidden("compute:servers:create:requested_destination")
+	}
+	if az == "" && host == "" {
+		return nil
+	}
+	hosts, err := s.enabledHosts(ctx)
+	if err != nil {
+		return err
+	}
+	zones, err := s.hostZones(ctx)
+	if err != nil {
+		return err
+	}
+	zoneOK, hostOK := az == "", host == ""
+	for _, h := range hosts {
+		zoneOK = zoneOK || zoneIn(h, zones) == az
+		hostOK = hostOK || (h.Name == host && (az == "" || zoneIn(h, zones) == az))
+	}
+	if !zoneOK {
+		return api.BadRequest("The requested availability zone is not available")
+	}
+	if !hostOK {
+		return api.BadRequest("Compute host %s could not be found.", host)
+	}
+	return nil
+}
+
+// createNets resolves the networks req asks for, as c sees them: none,
+// the project's automatic one, or each network or free port named.
+func (s *Service) createNets(ctx context.Context, c *api.Caller, req *createReq) ([]resolvedNet, error) {
+	switch req.NetMode {
+	case "none":
+		return nil, nil
+	case "auto":
+		n, err := s.networks.AutoNetwork(ctx, c.ProjectID)
+		if err != nil {
+			return nil, err
+		}
+		return []resolvedNet{{networkID: n.ID}}, nil
+	}
+	var nets []resolvedNet
+	for _, n := range req.Nets {
+		if n.Port != "" {
+			p, err := s.networks.GetPort(ctx, c.ProjectID, c.IsAdmin(), n.Port)
+			if err != nil {
+				return nil, notFoundAs(err, api.BadRequest("Port %s could not be found.", n.Port))
+			}
+			if p.DeviceID != "" {
+				return nil, api.Conflict("Port %s is still in use.", n.Port)
+			}
+			if req.MaxCount > 1 {
+				return nil, api.BadRequest("Multiple instances cannot be created with the same port.")
+			}
+			nets = append(nets, resolvedNet{networkID: p.NetworkID, portID: p.ID})
+			continue
+		}
+		if _, err := s.networks.GetNetwork(ctx, c.ProjectID, c.IsAdmin(), n.UUID); err != nil {
+			return nil, notFoundAs(err, api.BadRequest("Network %s could not be found.", n.UUID))
+		}
+		if n.FixedIP != "" && req.MaxCount > 1 {
+			return nil, api.BadRequest("max_count cannot be greater than 1 if an fixed_ip is specified.")
+		}
+		nets = append(nets, resolvedNet{networkID: n.UUID, fixedIP: n.FixedIP})
+	}
+	return nets, nil
+}
+
+// create places and records plan's servers: up to max_count of them, no
+// more than the quota allows (read here, checked again in the
+// transaction) and the project's money pays the first hour of (the
+// service is prepaid; the volumes each makes start their charge with it).
+// Fewer than min_count placed fails them all, as Nova's NoValidHost does,
+// with nothing held and nothing charged.
+func (s *Service) create(ctx context.Context, plan *createPlan) ([]*server, error) {
+	req, c := plan.req, plan.caller
+	var err error
+	// A create of an exact count has nothing to cut: the transaction's
+	// check alone answers it, one read fewer per create.
 	if req.MinCount < req.MaxCount {
-		if req.MaxCount, err = s.quotaRoom(ctx, c.ProjectID, flavor, req.MinCount, req.MaxCount); err != nil {
+		if req.MaxCount, err = s.quotaRoom(ctx, c.ProjectID, plan.flavor, req.MinCount, req.MaxCount); err != nil {
 			return nil, err
 		}
 	}
-	// And no more than the project's money pays the first hour of: the
-	// service is prepaid.
-	// The volumes it makes for each start their charge with it.
-	spec := serverSpec(snap, osType, bootVolume)
+	bootVolume := req.bootVolumeReq() != nil
+	spec := serverSpec(plan.snap, plan.osType, bootVolume)
 	spec.SizeGB = req.newVolumesGB()
 	if req.MaxCount, err = s.fundsRoom(ctx, c.ProjectID, spec, req.MinCount, req.MaxCount); err != nil {
 		return nil, err
 	}
 	j, err := s.newPlaceJob(ctx, placeRequest{zone: req.AZ, host: req.Host, group: req.Hints.Group,
-		sameHost: req.Hints.SameHost, differentHost: req.Hints.DifferentHost, volumeBacked: bootVolume || networkDisk}, snap, req.MinCount, req.MaxCount)
+		sameHost: req.Hints.SameHost, differentHost: req.Hints.DifferentHost, volumeBacked: bootVolume || plan.networkDisk},
+		plan.snap, req.MinCount, req.MaxCount)
 	if err != nil {
 		return nil, err
 	}
-	plan := &createPlan{req: req, caller: c, flavor: flavor, snap: snap, osType: osType, kp: kp, nets: nets,
-		sgs: sgs, rid: rid, pinned: pinned, publicIP: publicIP, requestID: api.RequestID(ctx),
-		volumeBDMs: req.volumeBDMs(), networkDisk: networkDisk, bootImage: bootImage}
 	var created []*server
 	j.recordShort = true
 	j.write = func(tx *store.Tx, claims []scheduler.Claim, zones map[string]string) (keys []string, err error) {
@@ -496,18 +562,7 @@ func (s *Service) handleCreate(r *http.Request) (*api.Response, error) {
 	if err := s.place(ctx, j); err != nil {
 		return nil, err
 	}
-	if req.ReturnReservation {
-		return api.JSON(http.StatusAccepted, map[string]any{"reservation_id": rid}), nil
-	}
-	first := created[0]
-	lk := links(r, "servers/"+first.ID)
-	sgView := make([]any, 0, len(sgs))
-	for _, g := range sgs {
-		sgView = append(sgView, map[string]string{"name": g})
-	}
-	body := map[string]any{"id": first.ID, "links": lk, "OS-DCF:diskConfig": req.DiskConfig,
-		"security_groups": sgView, "adminPass": req.AdminPass}
-	return api.JSON(http.StatusAccepted, map[string]any{"server": body}).WithHeader("Location", lk[0]["href"]), nil
+	return created, nil
 }
 
 // resolvedNet is one network a create's servers get a port on.
