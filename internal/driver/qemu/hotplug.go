@@ -192,12 +192,26 @@ func (d *Driver) unplug(ctx context.Context, mon *qmp.Monitor, mac string) error
 	if err != nil || dev == "" {
 		return err
 	}
+	if err := deviceDel(ctx, mon, dev, "NIC"); err != nil && !errors.Is(err, errNoHotplug) {
+		return err
+	}
+	// Where the NIC stays, QEMU takes its link down when its netdev goes.
+	return delNetdev(ctx, mon, netdev)
+}
+
+// errNoHotplug is a device_del of a device on a bus that cannot unplug
+// (the root complex).
+var errNoHotplug = errors.New("its bus cannot unplug")
+
+// deviceDel takes device dev (a what: a NIC, a disk) out of a live QEMU:
+// device_del, then the guest's DEVICE_DELETED for it, bounded by
+// unplugTimeout. A device on a bus that cannot unplug is errNoHotplug.
+func deviceDel(ctx context.Context, mon *qmp.Monitor, dev, what string) error {
 	events, cancel := mon.Subscribe("DEVICE_DELETED")
 	defer cancel()
-	err = mon.Execute(ctx, "device_del", map[string]string{"id": dev}, nil)
+	err := mon.Execute(ctx, "device_del", map[string]string{"id": dev}, nil)
 	if err != nil && strings.Contains(err.Error(), "does not support hotplugging") {
-		// QEMU takes a NIC's link down when its netdev goes.
-		return delNetdev(ctx, mon, netdev)
+		return fmt.Errorf("device_del: %w (%w)", err, errNoHotplug)
 	}
 	if err != nil {
 		return fmt.Errorf("device_del: %w", err)
@@ -207,16 +221,15 @@ func (d *Driver) unplug(ctx context.Context, mon *qmp.Monitor, mac string) error
 	for {
 		ev, err := qmp.WaitEvent(wctx, events, "DEVICE_DELETED")
 		if err != nil {
-			return fmt.Errorf("the guest did not release NIC %s: %w", dev, err)
+			return fmt.Errorf("the guest did not release %s %s: %w", what, dev, err)
 		}
 		var data struct {
 			Device string `json:"device"`
 		}
 		if json.Unmarshal(ev.Data, &data) == nil && data.Device == dev {
-			break
+			return nil
 		}
 	}
-	return delNetdev(ctx, mon, netdev)
 }
 
 // delNetdev deletes a netdev; one already gone is fine.

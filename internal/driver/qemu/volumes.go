@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -536,24 +535,8 @@ func unplugVolume(ctx context.Context, mon *qmp.Monitor, vol driver.Volume) erro
 		return err
 	}
 	if dev != "" {
-		events, cancel := mon.Subscribe("DEVICE_DELETED")
-		defer cancel()
-		if err := mon.Execute(ctx, "device_del", map[string]string{"id": dev}, nil); err != nil {
-			return fmt.Errorf("device_del: %w", err)
-		}
-		wctx, stop := context.WithTimeout(ctx, unplugTimeout)
-		defer stop()
-		for {
-			ev, err := qmp.WaitEvent(wctx, events, "DEVICE_DELETED")
-			if err != nil {
-				return fmt.Errorf("the guest did not release disk %s: %w", dev, err)
-			}
-			var data struct {
-				Device string `json:"device"`
-			}
-			if json.Unmarshal(ev.Data, &data) == nil && data.Device == dev {
-				break
-			}
+		if err := deviceDel(ctx, mon, dev, "disk"); err != nil {
+			return err
 		}
 	}
 	return cleanVolume(ctx, mon, vol)
