@@ -192,6 +192,30 @@ var actionNames = map[string]string{
 // raise_http_conflict_for_instance_invalid_state; compute/api.py
 // check_instance_lock).
 func checkState(sv *server, action string, caller *api.Caller) error {
+	st := ServerState{VMState: sv.VMState, TaskState: sv.TaskState, Launched: sv.LaunchedAt != nil, Locked: sv.Locked}
+	return st.check(sv.ID, action, caller.IsAdmin())
+}
+
+// ServerState is what Nova's state rules read of a server: its vm_state
+// and task_state ("" for null), whether it was ever launched, whether it
+// is locked.
+type ServerState struct {
+	VMState, TaskState string
+	Launched, Locked   bool
+}
+
+// Allows reports whether action (a key of actionRules: "start", "reboot",
+// "confirmResize"…) may run on a server in state st for an admin or not:
+// the rule the API applies, which the panel asks before it offers a button.
+func Allows(action string, st ServerState, admin bool) bool {
+	if _, ok := actionRules[action]; !ok {
+		return false
+	}
+	return st.check("", action, admin) == nil
+}
+
+// check is checkState on a server's state; id names it in the messages.
+func (st ServerState) check(id, action string, admin bool) error {
 	rule, ok := actionRules[action]
 	if !ok {
 		panic("compute: no state rule for " + action)
@@ -200,23 +224,23 @@ func checkState(sv *server, action string, caller *api.Caller) error {
 	if n, ok := actionNames[action]; ok {
 		name = n
 	}
-	if rule.lockChecked && sv.Locked && !caller.IsAdmin() {
-		return api.Conflict("Instance %s is locked", sv.ID)
+	if rule.lockChecked && st.Locked && !admin {
+		return api.Conflict("Instance %s is locked", id)
 	}
-	if rule.vmStates != nil && !slices.Contains(rule.vmStates, sv.VMState) {
-		return api.Conflict("Cannot '%s' instance %s while it is in vm_state %s", name, sv.ID, sv.VMState)
+	if rule.vmStates != nil && !slices.Contains(rule.vmStates, st.VMState) {
+		return api.Conflict("Cannot '%s' instance %s while it is in vm_state %s", name, id, st.VMState)
 	}
 	if !rule.anyTask {
 		allowed := rule.taskStates
 		if allowed == nil {
 			allowed = []string{""}
 		}
-		if !slices.Contains(allowed, sv.TaskState) {
-			return api.Conflict("Cannot '%s' instance %s while it is in task_state %s", name, sv.ID, nullStr(sv.TaskState))
+		if !slices.Contains(allowed, st.TaskState) {
+			return api.Conflict("Cannot '%s' instance %s while it is in task_state %s", name, id, nullStr(st.TaskState))
 		}
 	}
-	if rule.mustLaunched && sv.LaunchedAt == nil {
-		return api.Conflict("Cannot '%s' instance %s while it is in launched_at None", name, sv.ID)
+	if rule.mustLaunched && !st.Launched {
+		return api.Conflict("Cannot '%s' instance %s while it is in launched_at None", name, id)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"nimbus/internal/compute"
 	"nimbus/internal/flavorspec"
 	"regexp"
 	"slices"
@@ -36,7 +37,10 @@ type apiServer struct {
 	ID        string  `json:"id"`
 	Name      string  `json:"name"`
 	Status    string  `json:"status"`
+	VMState   string  `json:"OS-EXT-STS:vm_state"`
 	Task      *string `json:"OS-EXT-STS:task_state"`
+	Launched  *string `json:"OS-SRV-USG:launched_at"`
+	Locked    bool    `json:"locked"`
 	Addresses map[string][]struct {
 		Addr    string `json:"addr"`
 		Version int    `json:"version"`
@@ -596,7 +600,7 @@ func (p *Panel) serverPage(q *req) error {
 	}
 	s := one.Server
 	d := serverPageData{S: s, Task: s.task(), StatusText: q.statusText(s.Status, s.task()), Config: q.config(s.Flavor),
-		Can: allowed(s.Status, s.task()), ImageID: s.imageID()}
+		Can: allowed(&s), ImageID: s.imageID()}
 	d.Fixed, d.Public = s.ips()
 	running := s.Status == "ACTIVE" || s.Status == "SHUTOFF" || s.Status == "VERIFY_RESIZE" || s.Status == "PAUSED" || s.Status == "SUSPENDED"
 	var access struct {
@@ -674,28 +678,21 @@ func optional(err error) error {
 	return err
 }
 
-// allowed is which actions a server's state offers (the API has the last
-// word: a refused action comes back with its message).
-func allowed(status, task string) map[string]bool {
-	can := map[string]bool{"delete": true}
-	if task != "" {
-		return can
-	}
-	switch status {
-	case "ACTIVE":
-		for _, a := range []string{"stop", "reboot", "shelve", "rebuild", "resize"} {
-			can[a] = true
+// allowed is which of the page's actions compute's state rules let the
+// server take now, for its owner (the API has the last word still: an
+// action refused meanwhile comes back with its message).
+func allowed(s *apiServer) map[string]bool {
+	st := compute.ServerState{VMState: s.VMState, TaskState: s.task(), Launched: s.Launched != nil, Locked: s.Locked}
+	can := map[string]bool{}
+	for action, rules := range map[string][]string{
+		"start": {"start"}, "stop": {"stop"}, "shelve": {"shelve"}, "unshelve": {"unshelve"},
+		"rebuild": {"rebuild"}, "resize": {"resize"}, "delete": {"delete"},
+		"reboot":         {"reboot", "reboot_hard"},
+		"confirm-resize": {"confirmResize"}, "revert-resize": {"revertResize"},
+	} {
+		for _, rule := range rules {
+			can[action] = can[action] || compute.Allows(rule, st, false)
 		}
-	case "SHUTOFF":
-		for _, a := range []string{"start", "shelve", "rebuild", "resize"} {
-			can[a] = true
-		}
-	case "SHELVED", "SHELVED_OFFLOADED":
-		can["unshelve"] = true
-	case "VERIFY_RESIZE":
-		can["confirm-resize"], can["revert-resize"] = true, true
-	case "ERROR":
-		can["rebuild"], can["reboot"] = true, true
 	}
 	return can
 }
