@@ -6,10 +6,8 @@ import (
 	"errors"
 	"maps"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -721,21 +719,16 @@ func (s *Service) listBackups(detail bool) api.HandlerFunc {
 	return func(r *http.Request) (*api.Response, error) {
 		ctx := r.Context()
 		q := r.URL.Query()
-		limit, err := countRule("limit", maxLimit).Parse(q.Get("limit"), q.Has("limit"))
+		limit, offset, err := pageSize(q)
 		if err != nil {
 			return nil, err
 		}
-		offset, err := countRule("offset", 0).Parse(q.Get("offset"), q.Has("offset"))
-		if err != nil {
-			return nil, err
-		}
-		limit = min(limit, maxLimit)
 		p, err := backupPage(r)
 		if err != nil {
 			return nil, err
 		}
 		out := map[string]any{}
-		if withCount, _ := api.ParseBool(q.Get("with_count")); withCount && minor(r) >= 45 {
+		if wantCount(r) {
 			var n int
 			where := "1 = 1"
 			if len(p.Where) > 0 {
@@ -780,23 +773,10 @@ func (s *Service) listBackups(detail bool) api.HandlerFunc {
 		}
 		out["backups"] = items
 		if fullPage(len(page), limit) {
-			out["backups_links"] = nextBackupsLink(r, q, detail, limit, page[len(page)-1].ID)
+			out["backups_links"] = nextLink(r, q, listPath("/backups", detail), limit, page[len(page)-1].ID)
 		}
 		return api.JSON(200, out), nil
 	}
-}
-
-func nextBackupsLink(r *http.Request, q url.Values, detail bool, limit int, last string) []map[string]string {
-	path := "/backups"
-	if detail {
-		path += "/detail"
-	}
-	p := ""
-	if pid := projectInURL(r); pid != "" {
-		p = "/" + pid
-	}
-	nq := api.NextQuery(q, map[string]string{"limit": strconv.Itoa(limit), "marker": last}, "marker", "offset")
-	return []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v3" + p + path + "?" + nq}}
 }
 
 // ---- Quotas ----

@@ -239,15 +239,10 @@ var qosSortKeys = map[string]func(a, b *qosRow) int{
 // are few specs, so the page is cut from all of them.
 func (s *Service) listQoS(r *http.Request) (*api.Response, error) {
 	q := r.URL.Query()
-	limit, err := countRule("limit", maxLimit).Parse(q.Get("limit"), q.Has("limit"))
+	limit, offset, err := pageSize(q)
 	if err != nil {
 		return nil, err
 	}
-	offset, err := countRule("offset", 0).Parse(q.Get("offset"), q.Has("offset"))
-	if err != nil {
-		return nil, err
-	}
-	limit = min(limit, maxLimit)
 	rows, err := s.db.Query(r.Context(), "SELECT "+qosColumns+" FROM volume_qos_specs")
 	if err != nil {
 		return nil, err
@@ -287,12 +282,7 @@ func (s *Service) listQoS(r *http.Request) (*api.Response, error) {
 	}
 	out := map[string]any{"qos_specs": items}
 	if len(page) > 0 && len(all) > len(page) {
-		p := ""
-		if pid := projectInURL(r); pid != "" {
-			p = "/" + pid
-		}
-		nq := api.NextQuery(q, map[string]string{"limit": strconv.Itoa(limit), "marker": page[len(page)-1].ID}, "marker", "offset")
-		out["qos_specs_links"] = []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v3" + p + "/qos-specs?" + nq}}
+		out["qos_specs_links"] = nextLink(r, q, "/qos-specs", limit, page[len(page)-1].ID)
 	}
 	return api.JSON(200, out), nil
 }

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"maps"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -649,21 +647,16 @@ func (s *Service) listSnapshots(detail bool) api.HandlerFunc {
 		if err != nil {
 			return nil, err
 		}
-		limit, err := countRule("limit", maxLimit).Parse(q.Get("limit"), q.Has("limit"))
+		limit, offset, err := pageSize(q)
 		if err != nil {
 			return nil, err
 		}
-		offset, err := countRule("offset", 0).Parse(q.Get("offset"), q.Has("offset"))
-		if err != nil {
-			return nil, err
-		}
-		limit = min(limit, maxLimit)
 		vq, err := snapshotFilters(r)
 		if err != nil {
 			return nil, err
 		}
 		out := map[string]any{}
-		if withCount, _ := api.ParseBool(q.Get("with_count")); withCount && minor(r) >= 45 {
+		if wantCount(r) {
 			all := *vq
 			all.page.Keys, all.page.Limit = api.Keyset{{Col: "s.id"}}, -1
 			snaps, err := s.scanSnaps(ctx, &all, 0, -1)
@@ -695,7 +688,7 @@ func (s *Service) listSnapshots(detail bool) api.HandlerFunc {
 		}
 		out["snapshots"] = items
 		if fullPage(len(page), limit) {
-			out["snapshots_links"] = nextSnapshotsLink(r, q, detail, limit, page[len(page)-1].ID)
+			out["snapshots_links"] = nextLink(r, q, listPath("/snapshots", detail), limit, page[len(page)-1].ID)
 		}
 		return api.JSON(200, out), nil
 	}
@@ -726,19 +719,6 @@ func (s *Service) afterSnapMarker(ctx context.Context, vq *volumeQuery, marker s
 	}
 	vq.page.AfterMarker(vals)
 	return nil
-}
-
-func nextSnapshotsLink(r *http.Request, q url.Values, detail bool, limit int, last string) []map[string]string {
-	path := "/snapshots"
-	if detail {
-		path += "/detail"
-	}
-	p := ""
-	if pid := projectInURL(r); pid != "" {
-		p = "/" + pid
-	}
-	nq := api.NextQuery(q, map[string]string{"limit": strconv.Itoa(limit), "marker": last}, "marker", "offset")
-	return []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v3" + p + path + "?" + nq}}
 }
 
 // ---- Volumes made from a snapshot or another volume ----

@@ -3,6 +3,7 @@ package volume
 import (
 	"math"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -64,5 +65,36 @@ func TestTrimmed(t *testing.T) {
 	s := "  a b \t"
 	if got := trimmed(&s); *got != "a b" {
 		t.Errorf("trimmed(%q) = %q", s, *got)
+	}
+}
+
+// TestPageSize: limit defaults to and is cut at Cinder's osapi_max_limit;
+// limit and offset are whole numbers from 0, with Cinder's 400s.
+func TestPageSize(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		query         string
+		limit, offset int
+		err           string
+	}{
+		{"", maxLimit, 0, ""},
+		{"limit=5&offset=2", 5, 2, ""},
+		{"limit=0", 0, 0, ""},
+		{"limit=99999", maxLimit, 0, ""},
+		{"limit=x", 0, 0, "limit must be an integer."},
+		{"limit=-1", 0, 0, "limit must be >= 0"},
+		{"offset=-3", 0, 0, "offset must be >= 0"},
+	} {
+		q, _ := url.ParseQuery(tc.query)
+		limit, offset, err := pageSize(q)
+		if tc.err != "" {
+			if ae, ok := err.(*api.Error); !ok || ae.Status != http.StatusBadRequest || !strings.HasSuffix(ae.Message, tc.err) {
+				t.Errorf("%q: %v, want a 400 %q", tc.query, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || limit != tc.limit || offset != tc.offset {
+			t.Errorf("%q: %d, %d, %v; want %d, %d", tc.query, limit, offset, err, tc.limit, tc.offset)
+		}
 	}
 }

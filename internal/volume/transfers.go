@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -250,15 +249,10 @@ func (s *Service) listTransfers(detail bool) api.HandlerFunc {
 		ctx := r.Context()
 		c := caller(r)
 		q := r.URL.Query()
-		limit, err := countRule("limit", maxLimit).Parse(q.Get("limit"), q.Has("limit"))
+		limit, offset, err := pageSize(q)
 		if err != nil {
 			return nil, err
 		}
-		offset, err := countRule("offset", 0).Parse(q.Get("offset"), q.Has("offset"))
-		if err != nil {
-			return nil, err
-		}
-		limit = min(limit, maxLimit)
 		var page api.Page
 		page.Add("deleted = 0")
 		if !(c.IsAdmin() && q.Has("all_tenants")) {
@@ -303,16 +297,7 @@ func (s *Service) listTransfers(detail bool) api.HandlerFunc {
 		}
 		out := map[string]any{"transfers": items}
 		if fullPage(len(items), limit) {
-			path := "/os-volume-transfer"
-			if detail {
-				path += "/detail"
-			}
-			p := ""
-			if pid := projectInURL(r); pid != "" {
-				p = "/" + pid
-			}
-			nq := api.NextQuery(q, map[string]string{"limit": strconv.Itoa(limit), "marker": last}, "marker", "offset")
-			out["transfers_links"] = []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v3" + p + path + "?" + nq}}
+			out["transfers_links"] = nextLink(r, q, listPath("/os-volume-transfer", detail), limit, last)
 		}
 		return api.JSON(http.StatusOK, out), nil
 	}

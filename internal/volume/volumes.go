@@ -7,7 +7,6 @@ import (
 	"maps"
 	"math"
 	"net/http"
-	"net/url"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -567,78 +566,6 @@ func (s *Service) beginDelete(ctx context.Context, tx *store.Tx, v *volRow, casc
 
 // ---- Listing ----
 
-// maxLimit is Cinder's osapi_max_limit.
-const maxLimit = 1000
-
-// sortColumns are the sort keys served, by API name: a volume without a
-// name sorts as "".
-var sortColumns = map[string]string{
-	"id": "v.id", "name": "COALESCE(v.name, '')", "display_name": "COALESCE(v.name, '')", "status": "v.status",
-	"size": "v.size", "availability_zone": "v.availability_zone", "bootable": "v.bootable",
-	"volume_type_id": "v.volume_type_id", "created_at": "v.created_at", "updated_at": "v.updated_at",
-	"user_id": "v.user_id", "project_id": "v.project_id",
-}
-
-// pastMarker moves p past marker's row of table (named by idCol) in its
-// sort order; Cinder's 404 when the marker is not among p's rows.
-func pastMarker(ctx context.Context, q store.Querier, p *api.Page, table, idCol, marker string) error {
-	where := strings.Join(append(append([]string{}, p.Where...), idCol+" = ?"), " AND ")
-	vals, err := p.Keys.MarkerValues(ctx, q, table, where, append(append([]any{}, p.Args...), marker)...)
-	if errors.Is(err, store.ErrNotFound) {
-		return api.NotFound("Marker %s could not be found.", marker)
-	} else if err != nil {
-		return err
-	}
-	p.AfterMarker(vals)
-	return nil
-}
-
-// sortParams reads sort=key[:dir],... or the deprecated sort_key and
-// sort_dir against cols (cinder/api/common.py get_sort_params; default
-// created_at desc), then idCol for a total order.
-func sortParams(q url.Values, cols map[string]string, idCol string) (api.Keyset, error) {
-	keys, dirs := q["sort_key"], q["sort_dir"]
-	if s := q.Get("sort"); s != "" {
-		if q.Has("sort_key") || q.Has("sort_dir") {
-			return nil, api.BadRequest("The 'sort_key' and 'sort_dir' parameters are deprecated and cannot be used with the 'sort' parameter.")
-		}
-		keys, dirs = nil, nil
-		for _, part := range strings.Split(s, ",") {
-			k, d, _ := strings.Cut(strings.TrimSpace(part), ":")
-			keys, dirs = append(keys, k), append(dirs, d)
-		}
-	}
-	if len(keys) == 0 {
-		keys = []string{"created_at"}
-	}
-	var out api.Keyset
-	for i, k := range keys {
-		col, ok := cols[k]
-		if !ok {
-			return nil, invalidInput("Invalid sort key %s", k)
-		}
-		d := "desc"
-		if i < len(dirs) && dirs[i] != "" {
-			d = strings.ToLower(dirs[i])
-		}
-		if d != "asc" && d != "desc" {
-			return nil, invalidInput("Unknown sort direction, must be 'desc' or 'asc'")
-		}
-		out = append(out, api.SortKey{Col: col, Desc: d == "desc"})
-	}
-	return append(out, api.SortKey{Col: idCol, Desc: true}), nil
-}
-
-// countRule reads limit and offset (cinder/api/api_utils.py
-// validate_integer).
-func countRule(name string, def int) api.IntRule {
-	return api.IntRule{
-		Default: def, Min: 0,
-		NotInt:   func(string) error { return invalidInput("%s must be an integer.", name) },
-		TooSmall: func(string) error { return invalidInput("%s must be >= 0", name) },
-	}
-}
-
 // volumeQuery is a volume list's filters: SQL conditions, and the metadata
 // filter, which is checked on the decoded column.
 type volumeQuery struct {
@@ -850,21 +777,16 @@ func (s *Service) listVolumes(detail bool) api.HandlerFunc {
 		if err != nil {
 			return nil, err
 		}
-		limit, err := countRule("limit", maxLimit).Parse(q.Get("limit"), q.Has("limit"))
+		limit, offset, err := pageSize(q)
 		if err != nil {
 			return nil, err
 		}
-		offset, err := countRule("offset", 0).Parse(q.Get("offset"), q.Has("offset"))
-		if err != nil {
-			return nil, err
-		}
-		limit = min(limit, maxLimit)
 		vq, err := volumeFilters(r)
 		if err != nil {
 			return nil, err
 		}
 		out := map[string]any{}
-		if withCount, _ := api.ParseBool(q.Get("with_count")); withCount && minor(r) >= 45 {
+		if wantCount(r) {
 			if out["count"], err = s.countVols(r.Context(), vq); err != nil {
 				return nil, err
 			}
@@ -889,7 +811,7 @@ func (s *Service) listVolumes(detail bool) api.HandlerFunc {
 		}
 		out["volumes"] = volumeViews(r, page, detail)
 		if fullPage(len(page), limit) {
-			out["volumes_links"] = nextVolumesLink(r, q, detail, limit, page[len(page)-1].ID)
+			out["volumes_links"] = nextLink(r, q, listPath("/volumes", detail), limit, page[len(page)-1].ID)
 		}
 		return api.JSON(200, out), nil
 	}
@@ -950,21 +872,6 @@ func volumeViews(r *http.Request, vols []*volRow, detail bool) []map[string]any 
 		}
 	}
 	return items
-}
-
-// nextVolumesLink is the next page's link, with the project id when the
-// client used one and the request's other parameters but offset.
-func nextVolumesLink(r *http.Request, q url.Values, detail bool, limit int, last string) []map[string]string {
-	path := "/volumes"
-	if detail {
-		path += "/detail"
-	}
-	p := ""
-	if pid := projectInURL(r); pid != "" {
-		p = "/" + pid
-	}
-	nq := api.NextQuery(q, map[string]string{"limit": strconv.Itoa(limit), "marker": last}, "marker", "offset")
-	return []map[string]string{{"rel": "next", "href": api.BaseURL(r) + "/v3" + p + path + "?" + nq}}
 }
 
 // summary is GET /volumes/summary (3.12; metadata from 3.36).
