@@ -227,8 +227,92 @@ type Cloud struct {
 
 // Start brings a controller up. It returns once every listener is bound.
 func Start(ctx context.Context, cfg Config) (*Cloud, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cloud{Config: cfg, conns: api.NewConnLimiter(cfg.HTTP.MaxConnsPerIP, cfg.TrustedProxies)}
+	ok := false
+	lns := map[string]net.Listener{} // bound, not yet served
+	defer func() {
+		if !ok {
+			closeAll(lns)
+			c.Close()
+		}
+	}()
+
+	if c.DB, err = store.Open(ctx, cfg.DatabaseURL); err != nil {
+		return nil, err
+	}
+	holder, err := controllerID(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	c.Leases = lease.New(c.DB, lease.Config{Holder: holder, Log: cfg.Log.With("component", "lease")})
+	// Bind every listener first: with port 0 the catalog needs the ports
+	// the kernel chose.
+	if err := c.listen(lns); err != nil {
+		return nil, err
+	}
+	// The agent API is HTTPS even when the services are not: agents'
+	// credentials cross the network.
+	if err := c.startTLS(); err != nil {
+		return nil, err
+	}
+	agentTLS := c.certs.ServerConfig()
+	var tlsCfg *tls.Config
+	if !cfg.PlainHTTP {
+		tlsCfg = agentTLS
+	}
+	if err := c.newServices(); err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+
+	// The agent API comes first: the local agent registers the hosts that
+	// bootstrapping compute then gives services.
+	c.serve("agent", lns["agent"], withHealth(c.Fleet.Handler(), c), agentTLS)
+	delete(lns, "agent")
+	c.wg.Add(1)
+	go func() { defer c.wg.Done(); c.Fleet.Run(runCtx) }()
+	if !cfg.NoLocalAgent {
+		if err := c.startLocalAgent(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.setLocalHosts(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.bootstrap(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.Volumes.Bootstrap(ctx); err != nil {
+		return nil, fmt.Errorf("cloud: bootstrap volumes: %w", err)
+	}
+
+	handlers, err := c.handlers(runCtx)
+	if err != nil {
+		return nil, err
+	}
+	if ln, ok := lns["metrics"]; ok {
+		c.serve("metrics", ln, metricsHandler(c), nil)
+		delete(lns, "metrics")
+	}
+	for name, ln := range lns {
+		c.serve(name, ln, withHealth(handlers[name], c), tlsCfg)
+		delete(lns, name)
+	}
+	c.run(runCtx)
+	ok = true
+	return c, nil
+}
+
+// withDefaults is cfg with its defaults filled in and its data directory
+// made.
+func (cfg Config) withDefaults() (Config, error) {
 	if cfg.DataDir == "" {
-		return nil, errors.New("cloud: no data directory")
+		return cfg, errors.New("cloud: no data directory")
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -246,32 +330,17 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		cfg.TokenTTL = time.Hour
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("cloud: data directory: %w", err)
+		return cfg, fmt.Errorf("cloud: data directory: %w", err)
 	}
 	cfg.DatabaseURL = DatabaseURL(cfg.DataDir, cfg.DatabaseURL)
 	cfg.HTTP = cfg.HTTP.withDefaults()
-	c := &Cloud{Config: cfg, conns: api.NewConnLimiter(cfg.HTTP.MaxConnsPerIP, cfg.TrustedProxies)}
-	ok := false
-	defer func() {
-		if !ok {
-			c.Close()
-		}
-	}()
+	return cfg, nil
+}
 
-	db, err := store.Open(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return nil, err
-	}
-	c.DB = db
-	holder, err := controllerID(cfg.DataDir)
-	if err != nil {
-		return nil, err
-	}
-	c.Leases = lease.New(db, lease.Config{Holder: holder, Log: cfg.Log.With("component", "lease")})
-
-	// Bind every listener first: with port 0 the catalog needs the ports
-	// the kernel chose.
-	lns := map[string]net.Listener{}
+// listen binds every service's listener into lns, and the metrics one
+// when asked for, and sets the URLs the catalog gives.
+func (c *Cloud) listen(lns map[string]net.Listener) error {
+	cfg := c.Config
 	for _, p := range []struct {
 		name string
 		port int
@@ -279,10 +348,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		{"volume", cfg.Ports.Volume}, {"billing", cfg.Ports.Billing}, {"agent", cfg.Ports.Agent}, {"console", cfg.Ports.Console}, {"panel", cfg.Ports.Panel}} {
 		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Listen, strconv.Itoa(p.port)))
 		if err != nil {
-			for _, l := range lns {
-				l.Close()
-			}
-			return nil, fmt.Errorf("cloud: %s listener: %w", p.name, err)
+			return fmt.Errorf("cloud: %s listener: %w", p.name, err)
 		}
 		lns[p.name] = ln
 	}
@@ -305,28 +371,20 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	if cfg.MetricsListen != "" {
 		ln, err := net.Listen("tcp", cfg.MetricsListen)
 		if err != nil {
-			closeAll(lns)
-			return nil, fmt.Errorf("cloud: metrics listener: %w", err)
+			return fmt.Errorf("cloud: metrics listener: %w", err)
 		}
 		lns["metrics"] = ln
 		c.MetricsURL = "http://" + ln.Addr().String() + "/metrics"
 	}
 	agentPort := strconv.Itoa(lns["agent"].Addr().(*net.TCPAddr).Port)
 	c.AgentURL = "https://" + net.JoinHostPort(cfg.PublicHost, agentPort)
+	return nil
+}
 
-	// The agent API is HTTPS even when the services are not: agents'
-	// credentials cross the network.
-	if err := c.startTLS(); err != nil {
-		closeAll(lns)
-		return nil, err
-	}
-	agentTLS := c.certs.ServerConfig()
-	var tlsCfg *tls.Config
-	if !cfg.PlainHTTP {
-		tlsCfg = agentTLS
-	}
-
-	// Services.
+// newServices makes the services on the controller's database and wires
+// the calls they make of one another.
+func (c *Cloud) newServices() error {
+	cfg, db := c.Config, c.DB
 	c.Identity = identity.New(db)
 	c.Identity.TokenTTL = cfg.TokenTTL
 	c.Identity.SetLimits(cfg.Identity)
@@ -342,9 +400,9 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		{Type: "billing", Name: "nimbus-billing", URL: c.BillingURL},
 		{Type: "dashboard", Name: "nimbus-panel", URL: c.PanelURL},
 	})
+	var err error
 	if c.Images, err = newImages(cfg, db); err != nil {
-		closeAll(lns)
-		return nil, err
+		return err
 	}
 	bcfg := cfg.Billing
 	bcfg.Log = cfg.Log
@@ -368,8 +426,7 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Billing.SetDetacher(c.Networks)
 	vcfg, exports, err := volumeConfig(cfg)
 	if err != nil {
-		closeAll(lns)
-		return nil, err
+		return err
 	}
 	c.exports = exports
 	vcfg.DB, vcfg.Images, vcfg.Billing = db, c.Images, c.Billing
@@ -387,35 +444,12 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	c.Fleet.SetPlacements(c.Compute)
 	c.Networks.SetServerOwner(c.Compute)
 	c.Fleet.SetDataPlane(newDataPlane(c.Networks, c.Fleet, c.Compute)) // bridged hosts' network state (dataplane.go)
-	runCtx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
+	return nil
+}
 
-	// The agent API comes first: the local agent registers the hosts that
-	// bootstrapping compute then gives services.
-	c.serve("agent", lns["agent"], withHealth(c.Fleet.Handler(), c), agentTLS)
-	delete(lns, "agent")
-	c.wg.Add(1)
-	go func() { defer c.wg.Done(); c.Fleet.Run(runCtx) }()
-	if !cfg.NoLocalAgent {
-		if err := c.startLocalAgent(ctx); err != nil {
-			closeAll(lns)
-			return nil, err
-		}
-	}
-
-	if err := c.setLocalHosts(ctx); err != nil {
-		closeAll(lns)
-		return nil, err
-	}
-	if err := c.bootstrap(ctx); err != nil {
-		closeAll(lns)
-		return nil, err
-	}
-	if err := c.Volumes.Bootstrap(ctx); err != nil {
-		closeAll(lns)
-		return nil, fmt.Errorf("cloud: bootstrap volumes: %w", err)
-	}
-
+// handlers are the HTTP handlers of the services' listeners, by name.
+func (c *Cloud) handlers(runCtx context.Context) (map[string]http.Handler, error) {
+	cfg := c.Config
 	handlers := map[string]http.Handler{
 		"identity": service("identity", api.RenderKeystone, c.Identity, c.IdentityURL, c.Identity.Routes(), cfg.Log),
 		"compute":  c.Compute.API(c.Identity, authRoot(c.IdentityURL)),
@@ -426,8 +460,8 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 		"console": console.New(console.Config{Tokens: c.Compute.ConsoleTokens(), Context: runCtx,
 			Log: cfg.Log.With("component", "console")}),
 	}
+	var err error
 	if c.Panel, err = c.newPanel(); err != nil {
-		closeAll(lns)
 		return nil, err
 	}
 	handlers["panel"] = c.Panel.Handler()
@@ -442,13 +476,12 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 			s.Deadline = cfg.HTTP.WriteTimeout - cfg.HTTP.WriteTimeout/10
 		}
 	}
-	if ln, ok := lns["metrics"]; ok {
-		c.serve("metrics", ln, metricsHandler(c), nil)
-		delete(lns, "metrics")
-	}
-	for name, ln := range lns {
-		c.serve(name, ln, withHealth(handlers[name], c), tlsCfg)
-	}
+	return handlers, nil
+}
+
+// run starts the controller's background work: the leases, certificate
+// renewal, and each service's loops.
+func (c *Cloud) run(runCtx context.Context) {
 	// The leases are renewed until the work under them has stopped, then
 	// given back (Close), so that no step of this controller's is cut
 	// off from its commit by its own shutdown.
@@ -461,8 +494,6 @@ func Start(ctx context.Context, cfg Config) (*Cloud, error) {
 	go func() { defer c.wg.Done(); c.Volumes.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.Billing.Run(runCtx) }()
 	go func() { defer c.wg.Done(); c.housekeeping(runCtx) }()
-	ok = true
-	return c, nil
 }
 
 // serve serves h on ln, over TLS when tlsCfg is set, within the HTTP limits.
