@@ -260,40 +260,87 @@ func (s *Service) actUnshelve(r *http.Request, arg json.RawMessage) (*api.Respon
 	})
 }
 
-func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response, error) {
-	ctx := r.Context()
-	c := api.CallerFrom(ctx)
+// parseResize reads resize's argument: the flavor's ref (a string or a
+// number) and the optional OS-DCF:diskConfig.
+func parseResize(arg json.RawMessage) (ref string, dc *string, err error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(arg, &obj); err != nil || obj == nil {
-		return nil, badField("resize", arg, fmt.Sprintf("%s is not of type 'object'", arg))
+		return "", nil, badField("resize", arg, fmt.Sprintf("%s is not of type 'object'", arg))
 	}
 	if err := api.UnknownFields(obj, "flavorRef", "OS-DCF:diskConfig"); err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	raw, ok := obj["flavorRef"]
 	if !ok {
-		return nil, badField("resize", arg, "'flavorRef' is a required property")
+		return "", nil, badField("resize", arg, "'flavorRef' is a required property")
 	}
 	var fr any
 	_ = json.Unmarshal(raw, &fr)
-	ref := ""
 	switch f := fr.(type) {
 	case string:
 		ref = f
 	case float64:
 		ref = strconv.FormatFloat(f, 'f', -1, 64)
 	default:
-		return nil, badField("flavorRef", raw, fmt.Sprintf("%s is not of type 'string', 'integer'", raw))
+		return "", nil, badField("flavorRef", raw, fmt.Sprintf("%s is not of type 'string', 'integer'", raw))
 	}
 	if ref == "" {
-		return nil, badField("flavorRef", raw, "'' is too short")
+		return "", nil, badField("flavorRef", raw, "'' is too short")
 	}
-	dc, err := strField(obj, "OS-DCF:diskConfig")
-	if err != nil {
-		return nil, err
+	if dc, err = strField(obj, "OS-DCF:diskConfig"); err != nil {
+		return "", nil, err
 	}
 	if dc != nil && *dc != "AUTO" && *dc != "MANUAL" {
-		return nil, api.BadRequest("Invalid input for field/attribute OS-DCF:diskConfig. Value: %s. '%s' is not one of ['AUTO', 'MANUAL']", *dc, *dc)
+		return "", nil, api.BadRequest("Invalid input for field/attribute OS-DCF:diskConfig. Value: %s. '%s' is not one of ['AUTO', 'MANUAL']", *dc, *dc)
+	}
+	return ref, dc, nil
+}
+
+// resizeDisk is Nova's rule on a resize's disk: a server's own root disk
+// does not shrink, nor go to a flavor of none. A volume-backed server's
+// root disk is its volume, which a resize keeps: the flavor's disk does
+// not apply (compute/api.py resize). A network-disk flavor's root volume
+// is the flavor's disk, which does not shrink either.
+func resizeDisk(sv *server, old flavorSnap, nf *Flavor) error {
+	ownVolume := sv.volumeBacked() && !sv.bootDevice().FlavorDisk
+	if nf.Disk < old.Disk && nf.Disk != 0 && !ownVolume {
+		return api.BadRequest("Resize to a disk smaller than the current one is not possible.")
+	}
+	if nf.Disk == 0 && old.Disk != 0 && !ownVolume {
+		return api.BadRequest("Resize to zero disk flavor is not allowed.")
+	}
+	return nil
+}
+
+// resizeQuota checks, in tx under the project's quota lock, that the
+// cores and RAM a resize from old to nf adds fit project's quota.
+func (s *Service) resizeQuota(ctx context.Context, tx *store.Tx, project string, old flavorSnap, nf *Flavor) error {
+	if err := lockProjectQuota(ctx, tx, project); err != nil {
+		return err
+	}
+	quota, err := s.quotaFor(ctx, tx, project)
+	if err != nil {
+		return err
+	}
+	_, cores, ram, err := s.projectUsage(ctx, tx, project)
+	if err != nil {
+		return err
+	}
+	if dv := nf.VCPUs - old.VCPUs; dv > 0 && quota.Cores >= 0 && cores+dv > quota.Cores {
+		return api.Forbidden("Quota exceeded for cores: Requested %d, but already used %d of %d cores", dv, cores, quota.Cores)
+	}
+	if dr := nf.RAM - old.RAM; dr > 0 && quota.RAM >= 0 && ram+dr > quota.RAM {
+		return api.Forbidden("Quota exceeded for ram: Requested %d, but already used %d of %d ram", dr, ram, quota.RAM)
+	}
+	return nil
+}
+
+func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response, error) {
+	ctx := r.Context()
+	c := api.CallerFrom(ctx)
+	ref, dc, err := parseResize(arg)
+	if err != nil {
+		return nil, err
 	}
 	nf, err := s.getFlavor(ctx, s.db, ref)
 	if err != nil {
@@ -325,33 +372,11 @@ func (s *Service) actResize(r *http.Request, arg json.RawMessage) (*api.Response
 		if old.ID == nf.ID {
 			return api.BadRequest("When resizing, instances must change flavor!")
 		}
-		// A volume-backed server's root disk is its volume, which a resize
-		// keeps: the flavor's disk does not apply (compute/api.py resize).
-		// A network-disk flavor's root volume is the flavor's disk, which
-		// does not shrink either.
-		ownVolume := sv.volumeBacked() && !sv.bootDevice().FlavorDisk
-		if nf.Disk < old.Disk && nf.Disk != 0 && !ownVolume {
-			return api.BadRequest("Resize to a disk smaller than the current one is not possible.")
-		}
-		if nf.Disk == 0 && old.Disk != 0 && !ownVolume {
-			return api.BadRequest("Resize to zero disk flavor is not allowed.")
-		}
-		if err := lockProjectQuota(ctx, tx, sv.ProjectID); err != nil {
+		if err := resizeDisk(sv, old, nf); err != nil {
 			return err
 		}
-		quota, err := s.quotaFor(ctx, tx, sv.ProjectID)
-		if err != nil {
+		if err := s.resizeQuota(ctx, tx, sv.ProjectID, old, nf); err != nil {
 			return err
-		}
-		_, cores, ram, err := s.projectUsage(ctx, tx, sv.ProjectID)
-		if err != nil {
-			return err
-		}
-		if dv := nf.VCPUs - old.VCPUs; dv > 0 && quota.Cores >= 0 && cores+dv > quota.Cores {
-			return api.Forbidden("Quota exceeded for cores: Requested %d, but already used %d of %d cores", dv, cores, quota.Cores)
-		}
-		if dr := nf.RAM - old.RAM; dr > 0 && quota.RAM >= 0 && ram+dr > quota.RAM {
-			return api.Forbidden("Quota exceeded for ram: Requested %d, but already used %d of %d ram", dr, ram, quota.RAM)
 		}
 		// The target must fit on the server's host next to what it holds
 		// now (nova keeps both allocations until confirm or revert).
