@@ -286,14 +286,34 @@ func (s *Service) createKeypair(r *http.Request) (*api.Response, error) {
 			return nil, err
 		}
 	}
-	caller := api.CallerFrom(ctx)
+	if err := s.addKeypair(ctx, api.CallerFrom(ctx).ProjectID, k); err != nil {
+		return nil, err
+	}
+	item := map[string]any{"name": k.Name, "public_key": k.PublicKey, "fingerprint": k.Fingerprint, "user_id": k.UserID}
+	if v.AtLeast(2) {
+		item["type"] = k.Type
+	}
+	if private != "" {
+		item["private_key"] = private
+	}
+	status := http.StatusCreated
+	if !v.AtLeast(2) {
+		status = http.StatusOK
+	}
+	return api.JSON(status, map[string]any{"keypair": item}), nil
+}
+
+// addKeypair records k for its user, within the key pairs quota of
+// project (the caller's): a name the user has already is Nova's 409.
+func (s *Service) addKeypair(ctx context.Context, project string, k *Keypair) error {
+	user, name := k.UserID, k.Name
 	insert := func(tx *store.Tx) error {
 		if _, err := s.getKeypair(ctx, tx, user, name); err == nil {
 			return api.Conflict("Key pair '%s' already exists.", name)
 		} else if !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
-		quota, err := s.quotaFor(ctx, tx, caller.ProjectID)
+		quota, err := s.quotaFor(ctx, tx, project)
 		if err != nil {
 			return err
 		}
@@ -313,6 +333,7 @@ func (s *Service) createKeypair(r *http.Request) (*api.Response, error) {
 	}
 	// Ids are MAX+1: a concurrent create of another name may take the same
 	// id, which is retried; a taken name is the 409.
+	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		err = s.db.Tx(ctx, insert)
 		if !errors.Is(err, store.ErrConflict) {
@@ -324,23 +345,9 @@ func (s *Service) createKeypair(r *http.Request) (*api.Response, error) {
 	}
 	if errors.Is(err, store.ErrConflict) {
 		// Another create of the same name committed first.
-		return nil, api.Conflict("Key pair '%s' already exists.", name)
+		return api.Conflict("Key pair '%s' already exists.", name)
 	}
-	if err != nil {
-		return nil, err
-	}
-	item := map[string]any{"name": k.Name, "public_key": k.PublicKey, "fingerprint": k.Fingerprint, "user_id": k.UserID}
-	if v.AtLeast(2) {
-		item["type"] = k.Type
-	}
-	if private != "" {
-		item["private_key"] = private
-	}
-	status := http.StatusCreated
-	if !v.AtLeast(2) {
-		status = http.StatusOK
-	}
-	return api.JSON(status, map[string]any{"keypair": item}), nil
+	return err
 }
 
 // keyFingerprint validates an imported public key and returns Nova's
