@@ -349,29 +349,8 @@ func (s *Service) prepareRule(r *http.Request, c *api.Caller, b body) (*prepared
 	if rl.Description, _, err = b.str("description", 255); err != nil {
 		return nil, err
 	}
-	// protocol: a name, a number 0-255 as a string or an integer, or null.
-	if raw, ok := b["protocol"]; ok && string(raw) != "null" {
-		var x any
-		_ = json.Unmarshal(raw, &x)
-		var proto string
-		switch t := x.(type) {
-		case string:
-			proto = strings.ToLower(t)
-		case float64:
-			proto = strconv.Itoa(int(t))
-		default:
-			return nil, nerr(400, "SecurityGroupRuleInvalidProtocol", "Security group rule protocol %s not supported.", string(raw))
-		}
-		if proto != "" && proto != "any" {
-			if n, err := strconv.Atoi(proto); err == nil {
-				if n < 0 || n > 255 {
-					return nil, nerr(400, "SecurityGroupRuleInvalidProtocol", "Security group rule protocol %s not supported. Only protocol values [None, ah, dccp, egp, esp, gre, icmp, icmpv6, igmp, ipip, ipv6-encap, ipv6-frag, ipv6-icmp, ipv6-nonxt, ipv6-opts, ipv6-route, ospf, pgm, rsvp, sctp, tcp, udp, udplite, vrrp] and integer representations [0 to 255] are supported.", proto)
-				}
-			} else if _, ok := protocolNumbers[proto]; !ok {
-				return nil, nerr(400, "SecurityGroupRuleInvalidProtocol", "Security group rule protocol %s not supported. Only protocol values [None, ah, dccp, egp, esp, gre, icmp, icmpv6, igmp, ipip, ipv6-encap, ipv6-frag, ipv6-icmp, ipv6-nonxt, ipv6-opts, ipv6-route, ospf, pgm, rsvp, sctp, tcp, udp, udplite, vrrp] and integer representations [0 to 255] are supported.", proto)
-			}
-			rl.Protocol = &proto
-		}
+	if rl.Protocol, err = ruleProtocol(b); err != nil {
+		return nil, err
 	}
 	if rl.PortMin, _, err = b.integer("port_range_min"); err != nil {
 		return nil, err
@@ -389,22 +368,8 @@ func (s *Service) prepareRule(r *http.Request, c *api.Caller, b body) (*prepared
 	if err := checkRulePorts(rl); err != nil {
 		return nil, err
 	}
-	if v, ok, err := b.optStr("remote_ip_prefix"); err != nil {
+	if rl.RemoteIPPrefix, err = rulePrefix(b, rl.Ethertype); err != nil {
 		return nil, err
-	} else if ok && v != nil {
-		p, err := netip.ParsePrefix(*v)
-		if err != nil {
-			a, err2 := netip.ParseAddr(*v)
-			if err2 != nil {
-				return nil, ruleErr("Invalid input for remote_ip_prefix. Reason: '%s' is not a valid IP subnet.", *v)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		if p.Addr().Is4() != (rl.Ethertype == "IPv4") {
-			return nil, nerr(400, "SecurityGroupRuleParameterConflict", "Conflicting value ethertype %s for CIDR %s", rl.Ethertype, *v)
-		}
-		ps := p.String()
-		rl.RemoteIPPrefix = &ps
 	}
 	// Neutron does not check the form of remote_group_id: any unknown value,
 	// well-formed or not, is SecurityGroupNotFound (tempest
@@ -422,37 +387,94 @@ func (s *Service) prepareRule(r *http.Request, c *api.Caller, b body) (*prepared
 	if rl.RemoteIPPrefix != nil && rl.RemoteGroupID != nil {
 		return nil, nerr(400, "SecurityGroupRemoteGroupAndRemoteIpPrefix", "Only remote_ip_prefix or remote_group_id may be provided.")
 	}
-	insert := func(tx *store.Tx) error {
-		g, err := ownedSG(r.Context(), tx, c, rl.SecurityGroupID)
-		if err != nil {
-			return err
-		}
-		rl.defaultSG = g.Default
-		if !c.IsAdmin() {
-			rl.ProjectID = g.ProjectID
-		}
-		if rl.RemoteGroupID != nil {
-			if _, err := ownedSG(r.Context(), tx, c, *rl.RemoteGroupID); err != nil {
-				return err
+	insert := func(tx *store.Tx) error { return addRule(r.Context(), tx, c, rl) }
+	return &prepared{insert: insert, view: rl.view}, nil
+}
+
+// ruleProtocol reads a rule's protocol: a name, a number 0-255 as a
+// string or an integer; nil for null, "", "any" or none.
+func ruleProtocol(b body) (*string, error) {
+	raw, ok := b["protocol"]
+	if !ok || string(raw) == "null" {
+		return nil, nil
+	}
+	var x any
+	_ = json.Unmarshal(raw, &x)
+	var proto string
+	switch t := x.(type) {
+	case string:
+		proto = strings.ToLower(t)
+	case float64:
+		proto = strconv.Itoa(int(t))
+	default:
+		return nil, nerr(400, "SecurityGroupRuleInvalidProtocol", "Security group rule protocol %s not supported.", string(raw))
+	}
+	if proto != "" && proto != "any" {
+		if n, err := strconv.Atoi(proto); err == nil {
+			if n < 0 || n > 255 {
+				return nil, nerr(400, "SecurityGroupRuleInvalidProtocol", "Security group rule protocol %s not supported. Only protocol values [None, ah, dccp, egp, esp, gre, icmp, icmpv6, igmp, ipip, ipv6-encap, ipv6-frag, ipv6-icmp, ipv6-nonxt, ipv6-opts, ipv6-route, ospf, pgm, rsvp, sctp, tcp, udp, udplite, vrrp] and integer representations [0 to 255] are supported.", proto)
 			}
+		} else if _, ok := protocolNumbers[proto]; !ok {
+			return nil, nerr(400, "SecurityGroupRuleInvalidProtocol", "Security group rule protocol %s not supported. Only protocol values [None, ah, dccp, egp, esp, gre, icmp, icmpv6, igmp, ipip, ipv6-encap, ipv6-frag, ipv6-icmp, ipv6-nonxt, ipv6-opts, ipv6-route, ospf, pgm, rsvp, sctp, tcp, udp, udplite, vrrp] and integer representations [0 to 255] are supported.", proto)
 		}
-		if err := checkQuota(r.Context(), tx, rl.ProjectID, "security_group_rule"); err != nil {
-			return err
+		return &proto, nil
+	}
+	return nil, nil
+}
+
+// rulePrefix reads a rule's remote_ip_prefix, a CIDR or an address, of
+// the rule's ethertype, as Neutron stores it.
+func rulePrefix(b body, ethertype string) (*string, error) {
+	v, ok, err := b.optStr("remote_ip_prefix")
+	if err != nil || !ok || v == nil {
+		return nil, err
+	}
+	p, err := netip.ParsePrefix(*v)
+	if err != nil {
+		a, err2 := netip.ParseAddr(*v)
+		if err2 != nil {
+			return nil, ruleErr("Invalid input for remote_ip_prefix. Reason: '%s' is not a valid IP subnet.", *v)
 		}
-		fp := rl.fingerprint()
-		for _, o := range g.Rules {
-			if o.fingerprint() == fp {
-				// neutron/extensions/securitygroup.py SecurityGroupRuleExists
-				return nerr(409, "SecurityGroupRuleExists", "Security group rule already exists. Rule id is %s.", o.ID)
-			}
-		}
-		if err := insertRule(r.Context(), tx, rl); err != nil {
-			return err
-		}
-		_, err = tx.Exec(r.Context(), "UPDATE security_groups SET revision_number = revision_number + 1, updated_at = ? WHERE id = ?", now(), g.ID)
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4() != (ethertype == "IPv4") {
+		return nil, nerr(400, "SecurityGroupRuleParameterConflict", "Conflicting value ethertype %s for CIDR %s", ethertype, *v)
+	}
+	ps := p.String()
+	return &ps, nil
+}
+
+// addRule records rl in tx on a group c may change, within the project's
+// quota, unless the group has the same rule (Neutron's 409).
+func addRule(ctx context.Context, tx *store.Tx, c *api.Caller, rl *ruleRow) error {
+	g, err := ownedSG(ctx, tx, c, rl.SecurityGroupID)
+	if err != nil {
 		return err
 	}
-	return &prepared{insert: insert, view: rl.view}, nil
+	rl.defaultSG = g.Default
+	if !c.IsAdmin() {
+		rl.ProjectID = g.ProjectID
+	}
+	if rl.RemoteGroupID != nil {
+		if _, err := ownedSG(ctx, tx, c, *rl.RemoteGroupID); err != nil {
+			return err
+		}
+	}
+	if err := checkQuota(ctx, tx, rl.ProjectID, "security_group_rule"); err != nil {
+		return err
+	}
+	fp := rl.fingerprint()
+	for _, o := range g.Rules {
+		if o.fingerprint() == fp {
+			// neutron/extensions/securitygroup.py SecurityGroupRuleExists
+			return nerr(409, "SecurityGroupRuleExists", "Security group rule already exists. Rule id is %s.", o.ID)
+		}
+	}
+	if err := insertRule(ctx, tx, rl); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, "UPDATE security_groups SET revision_number = revision_number + 1, updated_at = ? WHERE id = ?", now(), g.ID)
+	return err
 }
 
 func errPortValue(v int) *api.Error {
