@@ -485,6 +485,97 @@ var subnetCreateAttrs = []string{"name", "network_id", "ip_version", "cidr", "ga
 	"enable_dhcp", "dns_nameservers", "host_routes", "ipv6_ra_mode", "ipv6_address_mode", "description",
 	"tenant_id", "project_id", "subnetpool_id", "prefixlen", "use_default_subnetpool"}
 
+// subnetIPVersion reads a subnet's required ip_version, 4 or 6.
+func subnetIPVersion(b body) (int, error) {
+	ver, ok, err := b.integer("ip_version")
+	if err != nil {
+		return 0, err
+	}
+	if !ok || ver == nil {
+		return 0, nerr(400, "HTTPBadRequest", "Failed to parse request. Required attribute 'ip_version' not specified")
+	}
+	if *ver != 4 && *ver != 6 {
+		return 0, nerr(400, "HTTPBadRequest", "Invalid input for ip_version. Reason: %d is not in valid_values [4, 6].", *ver)
+	}
+	return *ver, nil
+}
+
+// ipv6Modes reads an IPv6 subnet's ipv6_ra_mode and ipv6_address_mode
+// into sub; an IPv4 subnet takes neither.
+func ipv6Modes(b body, sub *subnetRow) error {
+	for _, k := range []string{"ipv6_ra_mode", "ipv6_address_mode"} {
+		v, ok, err := b.optStr(k)
+		if err != nil {
+			return err
+		}
+		if !ok || v == nil {
+			continue
+		}
+		if *v != "slaac" && *v != "dhcpv6-stateful" && *v != "dhcpv6-stateless" {
+			return nerr(400, "HTTPBadRequest", "Invalid input for %s. Reason: %s is not in valid_values ['dhcpv6-stateful', 'dhcpv6-stateless', 'slaac'].", k, *v)
+		}
+		if sub.IPVersion != 6 {
+			return badInput("Cannot set %s with ip_version 4.", strings.ReplaceAll(k, "_", " "))
+		}
+		if k == "ipv6_ra_mode" {
+			sub.RAMode = v
+		} else {
+			sub.AddrMode = v
+		}
+	}
+	return nil
+}
+
+// noOverlap refuses a subnet of network whose prefix p overlaps another
+// of the network's.
+func noOverlap(ctx context.Context, tx *store.Tx, network string, p netip.Prefix) error {
+	others, err := loadSubnets(ctx, tx, "network_id = ?", network)
+	if err != nil {
+		return err
+	}
+	for _, o := range others {
+		if op, err := netip.ParsePrefix(o.CIDR); err == nil && op.Overlaps(p) {
+			return badInput("Requested subnet with cidr: %s for network: %s overlaps with another subnet", p.String(), network)
+		}
+	}
+	return nil
+}
+
+// subnetRequest reads what a subnet asks of the pools (subnetpools.go),
+// with the CIDR it names, if any, of its IP version.
+func subnetRequest(b body, version int) (*poolRequest, error) {
+	rq, err := poolRequestOf(b, version)
+	if err != nil {
+		return nil, err
+	}
+	if b.has("cidr") && !b.isNull("cidr") {
+		cidr, _, err := b.str("cidr", 64)
+		if err != nil {
+			return nil, err
+		}
+		p, err := parseCIDR(cidr, version)
+		if err != nil {
+			return nil, err
+		}
+		rq.CIDR = &p
+	}
+	return rq, nil
+}
+
+// fromPool allocates, in tx, the prefix of a subnet rq takes from a pool,
+// and gives it to shape; nil when rq names no pool.
+func fromPool(ctx context.Context, tx *store.Tx, c *api.Caller, project string, rq *poolRequest, shape func(netip.Prefix) error) (*spRow, error) {
+	sp, err := resolvePool(ctx, tx, c, project, rq)
+	if err != nil || sp == nil {
+		return nil, err
+	}
+	p, err := allocate(ctx, tx, sp, project, rq)
+	if err != nil {
+		return nil, err
+	}
+	return sp, shape(p)
+}
+
 func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepared, error) {
 	var err error
 	sub := &subnetRow{ID: newID(), EnableDHCP: true}
@@ -498,51 +589,15 @@ func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepar
 	if !ok {
 		return nil, nerr(400, "HTTPBadRequest", "Failed to parse request. Required attribute 'network_id' not specified")
 	}
-	ver, ok, err := b.integer("ip_version")
+	if sub.IPVersion, err = subnetIPVersion(b); err != nil {
+		return nil, err
+	}
+	rq, err := subnetRequest(b, sub.IPVersion)
 	if err != nil {
 		return nil, err
 	}
-	if !ok || ver == nil {
-		return nil, nerr(400, "HTTPBadRequest", "Failed to parse request. Required attribute 'ip_version' not specified")
-	}
-	if *ver != 4 && *ver != 6 {
-		return nil, nerr(400, "HTTPBadRequest", "Invalid input for ip_version. Reason: %d is not in valid_values [4, 6].", *ver)
-	}
-	sub.IPVersion = *ver
-	rq, err := poolRequestOf(b, sub.IPVersion)
-	if err != nil {
+	if err := ipv6Modes(b, sub); err != nil {
 		return nil, err
-	}
-	if b.has("cidr") && !b.isNull("cidr") {
-		cidr, _, err := b.str("cidr", 64)
-		if err != nil {
-			return nil, err
-		}
-		p, err := parseCIDR(cidr, sub.IPVersion)
-		if err != nil {
-			return nil, err
-		}
-		rq.CIDR = &p
-	}
-	for _, k := range []string{"ipv6_ra_mode", "ipv6_address_mode"} {
-		v, ok, err := b.optStr(k)
-		if err != nil {
-			return nil, err
-		}
-		if !ok || v == nil {
-			continue
-		}
-		if *v != "slaac" && *v != "dhcpv6-stateful" && *v != "dhcpv6-stateless" {
-			return nil, nerr(400, "HTTPBadRequest", "Invalid input for %s. Reason: %s is not in valid_values ['dhcpv6-stateful', 'dhcpv6-stateless', 'slaac'].", k, *v)
-		}
-		if sub.IPVersion != 6 {
-			return nil, badInput("Cannot set %s with ip_version 4.", strings.ReplaceAll(k, "_", " "))
-		}
-		if k == "ipv6_ra_mode" {
-			sub.RAMode = v
-		} else {
-			sub.AddrMode = v
-		}
 	}
 	// shape fixes the subnet's CIDR, default gateway and attributes; a
 	// subnet from a pool learns its CIDR only inside the transaction.
@@ -581,32 +636,19 @@ func (s *Service) prepareSubnet(r *http.Request, c *api.Caller, b body) (*prepar
 		if err := checkQuota(r.Context(), tx, sub.ProjectID, "subnet"); err != nil {
 			return err
 		}
-		sp, err := resolvePool(r.Context(), tx, c, sub.ProjectID, rq)
+		sp, err := fromPool(r.Context(), tx, c, sub.ProjectID, rq, shape)
 		if err != nil {
 			return err
 		}
 		if sp != nil {
-			p, err := allocate(r.Context(), tx, sp, sub.ProjectID, rq)
-			if err != nil {
-				return err
-			}
-			if err := shape(p); err != nil {
-				return err
-			}
 			poolID = sp.ID
 		}
 		p, err := netip.ParsePrefix(sub.CIDR)
 		if err != nil {
 			return err
 		}
-		others, err := loadSubnets(r.Context(), tx, "network_id = ?", n.ID)
-		if err != nil {
+		if err := noOverlap(r.Context(), tx, n.ID, p); err != nil {
 			return err
-		}
-		for _, o := range others {
-			if op, err := netip.ParsePrefix(o.CIDR); err == nil && op.Overlaps(p) {
-				return badInput("Requested subnet with cidr: %s for network: %s overlaps with another subnet", sub.CIDR, n.ID)
-			}
 		}
 		if err := insertSubnet(r.Context(), tx, sub); err != nil {
 			return err
