@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -189,6 +190,83 @@ func (s *Service) listFlavorsDetail(r *http.Request) (*api.Response, error) {
 	return s.flavorList(r, true)
 }
 
+// flavorQuery is a flavor list's filters and order (flavors.py
+// _get_flavors): is_public (nil for all), minRam, minDisk, sort_key and
+// sort_dir.
+type flavorQuery struct {
+	isPublic        *bool
+	minRAM, minDisk int
+	less            func(a, b *Flavor) int
+	sortDir         string
+}
+
+// parseFlavorQuery reads a flavor list's query: is_public absent means
+// public (plus shared), "none" means all, for admins only
+// (flavors.py _parse_is_public).
+func parseFlavorQuery(q url.Values, admin bool) (flavorQuery, error) {
+	var fq flavorQuery
+	t := true
+	fq.isPublic = &t
+	if admin {
+		if raw, ok := q["is_public"]; ok {
+			switch {
+			case strings.EqualFold(raw[0], "none"):
+				fq.isPublic = nil
+			default:
+				b, ok := api.ParseBool(raw[0])
+				if !ok {
+					return fq, api.BadRequest("Invalid is_public filter [%s]", raw[0])
+				}
+				fq.isPublic = &b
+			}
+		}
+	}
+	for _, p := range []struct {
+		name string
+		dst  *int
+	}{{"minRam", &fq.minRAM}, {"minDisk", &fq.minDisk}} {
+		if raw, ok := q[p.name]; ok {
+			n, err := atoiStrict(raw[0])
+			if err != nil || n < 0 {
+				return fq, api.BadRequest("Invalid %s filter [%s]", p.name, raw[0])
+			}
+			*p.dst = n
+		}
+	}
+	var sortKey string
+	sortKey, fq.sortDir = cmp.Or(q.Get("sort_key"), "flavorid"), cmp.Or(q.Get("sort_dir"), "asc")
+	var ok bool
+	if fq.less, ok = flavorSortKeys[sortKey]; !ok {
+		return fq, api.BadRequest("Invalid input for query parameters sort_key. Value: %s. '%s' is not one of ['created_at', 'description', 'disabled', 'ephemeral_gb', 'flavorid', 'id', 'is_public', 'memory_mb', 'name', 'root_gb', 'rxtx_factor', 'swap', 'updated_at', 'vcpu_weight', 'vcpus']", sortKey, sortKey)
+	}
+	if fq.sortDir != "asc" && fq.sortDir != "desc" {
+		return fq, api.BadRequest("Invalid input for query parameters sort_dir. Value: %s. '%s' is not one of ['asc', 'desc']", fq.sortDir, fq.sortDir)
+	}
+	return fq, nil
+}
+
+// sharedFlavors are the private flavors shared with c's project, by id.
+func (s *Service) sharedFlavors(ctx context.Context, c *api.Caller) (map[string]bool, error) {
+	shared := map[string]bool{}
+	if c == nil || c.ProjectID == "" {
+		return shared, nil
+	}
+	rows, err := s.db.Query(ctx, "SELECT flavor_id FROM compute_flavor_projects WHERE project_id = ?", c.ProjectID)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		shared[id] = true
+	}
+	rows.Close()
+	return shared, rows.Err()
+}
+
 // flavorList is flavors.py _get_flavors: filters, sorting and paging.
 func (s *Service) flavorList(r *http.Request, detail bool) (*api.Response, error) {
 	ctx := r.Context()
@@ -201,66 +279,18 @@ func (s *Service) flavorList(r *http.Request, detail bool) (*api.Response, error
 		return nil, err
 	}
 	admin := callerAdmin(r)
-	// is_public: absent means public (plus shared), "none" means all, for
-	// admins only (flavors.py _parse_is_public).
-	var isPublic *bool
-	t := true
-	isPublic = &t
-	if admin {
-		if raw, ok := q["is_public"]; ok {
-			switch {
-			case strings.EqualFold(raw[0], "none"):
-				isPublic = nil
-			default:
-				b, ok := api.ParseBool(raw[0])
-				if !ok {
-					return nil, api.BadRequest("Invalid is_public filter [%s]", raw[0])
-				}
-				isPublic = &b
-			}
-		}
+	fq, err := parseFlavorQuery(q, admin)
+	if err != nil {
+		return nil, err
 	}
-	minRAM, minDisk := 0, 0
-	for _, p := range []struct {
-		name string
-		dst  *int
-	}{{"minRam", &minRAM}, {"minDisk", &minDisk}} {
-		if raw, ok := q[p.name]; ok {
-			n, err := atoiStrict(raw[0])
-			if err != nil || n < 0 {
-				return nil, api.BadRequest("Invalid %s filter [%s]", p.name, raw[0])
-			}
-			*p.dst = n
-		}
-	}
-	sortKey, sortDir := cmp.Or(q.Get("sort_key"), "flavorid"), cmp.Or(q.Get("sort_dir"), "asc")
-	less, ok := flavorSortKeys[sortKey]
-	if !ok {
-		return nil, api.BadRequest("Invalid input for query parameters sort_key. Value: %s. '%s' is not one of ['created_at', 'description', 'disabled', 'ephemeral_gb', 'flavorid', 'id', 'is_public', 'memory_mb', 'name', 'root_gb', 'rxtx_factor', 'swap', 'updated_at', 'vcpu_weight', 'vcpus']", sortKey, sortKey)
-	}
-	if sortDir != "asc" && sortDir != "desc" {
-		return nil, api.BadRequest("Invalid input for query parameters sort_dir. Value: %s. '%s' is not one of ['asc', 'desc']", sortDir, sortDir)
-	}
-
+	isPublic, minRAM, minDisk, less, sortDir := fq.isPublic, fq.minRAM, fq.minDisk, fq.less, fq.sortDir
 	all, err := s.allFlavors(ctx, s.db)
 	if err != nil {
 		return nil, err
 	}
-	shared := map[string]bool{}
-	if c := api.CallerFrom(ctx); c != nil && c.ProjectID != "" {
-		rows, err := s.db.Query(ctx, "SELECT flavor_id FROM compute_flavor_projects WHERE project_id = ?", c.ProjectID)
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			shared[id] = true
-		}
-		rows.Close()
+	shared, err := s.sharedFlavors(ctx, api.CallerFrom(ctx))
+	if err != nil {
+		return nil, err
 	}
 	var list []*Flavor
 	for _, f := range all {
