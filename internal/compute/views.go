@@ -195,16 +195,7 @@ func (vc *viewCtx) serverView(sv *server, withGroups bool) obj {
 	} else {
 		m.set("image", obj{{"id", sv.ImageRef}, {"links", bookmark(r, "images/"+sv.ImageRef)}})
 	}
-	if v.AtLeast(47) {
-		es := d.Flavor.ExtraSpecs
-		if es == nil {
-			es = map[string]string{}
-		}
-		m.set("flavor", obj{{"vcpus", d.Flavor.VCPUs}, {"ram", d.Flavor.RAM}, {"disk", d.Flavor.Disk},
-			{"ephemeral", d.Flavor.Ephemeral}, {"swap", d.Flavor.Swap}, {"original_name", d.Flavor.Name}, {"extra_specs", es}})
-	} else {
-		m.set("flavor", obj{{"id", sv.FlavorID}, {"links", bookmark(r, "flavors/"+sv.FlavorID)}})
-	}
+	m.set("flavor", flavorRefView(r, v, sv))
 	m = append(m, kv{"created", isoTime(sv.CreatedAt)}, kv{"updated", isoTime(sv.UpdatedAt)})
 	if sv.VMState == vmBuilding {
 		m.set("addresses", obj{})
@@ -244,28 +235,7 @@ func (vc *viewCtx) serverView(sv *server, withGroups bool) obj {
 		m.set("security_groups", sgs)
 	}
 	if vc.admin {
-		var host any
-		if sv.Host != "" {
-			host = sv.Host
-		}
-		m.set("OS-EXT-SRV-ATTR:host", host)
-		m.set("OS-EXT-SRV-ATTR:hypervisor_hostname", host)
-		m.set("OS-EXT-SRV-ATTR:instance_name", "")
-		if sv.Host != "" || sv.LaunchedAt != nil {
-			m.set("OS-EXT-SRV-ATTR:instance_name", d.InstanceName)
-		}
-		if v.AtLeast(3) {
-			m.set("OS-EXT-SRV-ATTR:reservation_id", sv.ReservationID)
-			m.set("OS-EXT-SRV-ATTR:launch_index", sv.LaunchIndex)
-			m.set("OS-EXT-SRV-ATTR:hostname", sv.Hostname)
-			m.set("OS-EXT-SRV-ATTR:kernel_id", "")
-			m.set("OS-EXT-SRV-ATTR:ramdisk_id", "")
-			m.set("OS-EXT-SRV-ATTR:root_device_name", nil)
-			if sv.LaunchedAt != nil {
-				m.set("OS-EXT-SRV-ATTR:root_device_name", "/dev/sda")
-			}
-			m.set("OS-EXT-SRV-ATTR:user_data", d.UserData)
-		}
+		vc.setServerAttrs(&m, sv)
 	}
 	if v.AtLeast(90) {
 		m.set("OS-EXT-SRV-ATTR:hostname", sv.Hostname)
@@ -308,6 +278,47 @@ func (vc *viewCtx) serverView(sv *server, withGroups bool) obj {
 		m.set("pinned_availability_zone", d.PinnedAZ)
 	}
 	return m
+}
+
+// setServerAttrs sets the OS-EXT-SRV-ATTR attributes an admin sees.
+func (vc *viewCtx) setServerAttrs(m *obj, sv *server) {
+	d := &sv.Doc
+	var host any
+	if sv.Host != "" {
+		host = sv.Host
+	}
+	m.set("OS-EXT-SRV-ATTR:host", host)
+	m.set("OS-EXT-SRV-ATTR:hypervisor_hostname", host)
+	m.set("OS-EXT-SRV-ATTR:instance_name", "")
+	if sv.Host != "" || sv.LaunchedAt != nil {
+		m.set("OS-EXT-SRV-ATTR:instance_name", d.InstanceName)
+	}
+	if vc.v.AtLeast(3) {
+		m.set("OS-EXT-SRV-ATTR:reservation_id", sv.ReservationID)
+		m.set("OS-EXT-SRV-ATTR:launch_index", sv.LaunchIndex)
+		m.set("OS-EXT-SRV-ATTR:hostname", sv.Hostname)
+		m.set("OS-EXT-SRV-ATTR:kernel_id", "")
+		m.set("OS-EXT-SRV-ATTR:ramdisk_id", "")
+		m.set("OS-EXT-SRV-ATTR:root_device_name", nil)
+		if sv.LaunchedAt != nil {
+			m.set("OS-EXT-SRV-ATTR:root_device_name", "/dev/sda")
+		}
+		m.set("OS-EXT-SRV-ATTR:user_data", d.UserData)
+	}
+}
+
+// flavorRefView is a server's flavor: embedded from 2.47, a link before.
+func flavorRefView(r *http.Request, v Version, sv *server) obj {
+	f := sv.Doc.Flavor
+	if v.AtLeast(47) {
+		es := f.ExtraSpecs
+		if es == nil {
+			es = map[string]string{}
+		}
+		return obj{{"vcpus", f.VCPUs}, {"ram", f.RAM}, {"disk", f.Disk},
+			{"ephemeral", f.Ephemeral}, {"swap", f.Swap}, {"original_name", f.Name}, {"extra_specs", es}}
+	}
+	return obj{{"id", sv.FlavorID}, {"links", bookmark(r, "flavors/"+sv.FlavorID)}}
 }
 
 // updateView is the body PUT /servers/{id} and rebuild answer. Before 2.75
