@@ -117,90 +117,105 @@ func parseBDMv2(v Version, raw json.RawMessage) ([]bdmReq, error) {
 		if err := api.UnknownFields(item, allowed...); err != nil {
 			return nil, err
 		}
-		b := bdmReq{BootIndex: -1}
-		str := func(name string, max int, pattern *regexp.Regexp, enum ...string) (string, error) {
-			fv, ok := item[name]
-			if !ok || string(fv) == "null" {
-				return "", nil
-			}
-			var s string
-			if err := json.Unmarshal(fv, &s); err != nil {
-				return "", badField(name, fv, fmt.Sprintf("%s is not of type 'string'", fv))
-			}
-			if len(enum) > 0 && !slices.Contains(enum, s) {
-				return "", api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is not one of ['%s']", name, s, s, strings.Join(enum, "', '"))
-			}
-			if len(s) > max {
-				return "", api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is too long", name, s, s)
-			}
-			if pattern != nil && !pattern.MatchString(s) {
-				return "", api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' does not match '%s'", name, s, s, pattern.String())
-			}
-			return s, nil
-		}
-		var err error
-		if b.Source, err = str("source_type", 255, nil, "volume", "image", "snapshot", "blank"); err != nil {
+		b, noDevice, err := parseBDMItem(item)
+		if err != nil {
 			return nil, err
 		}
-		if b.Dest, err = str("destination_type", 255, nil, "local", "volume"); err != nil {
-			return nil, err
+		if !noDevice {
+			out = append(out, b)
 		}
-		if b.UUID, err = str("uuid", 255, bdmUUIDPattern); err != nil {
-			return nil, err
-		}
-		if b.Device, err = str("device_name", 255, bdmDevicePattern); err != nil {
-			return nil, err
-		}
-		if b.Type, err = str("volume_type", 255, nil); err != nil {
-			return nil, err
-		}
-		if b.Tag, err = str("tag", 60, bdmTagPattern); err != nil {
-			return nil, err
-		}
-		if _, ok := item["device_name"]; ok && b.Device == "" {
-			return nil, errBDMFormat("Device name empty or too long.")
-		}
-		if fv, ok := item["boot_index"]; ok && string(fv) != "null" {
-			n, err := intOrString(fv)
-			if err != nil {
-				return nil, api.BadRequest("Invalid input for field/attribute boot_index. Value: %s. %s is not valid under any of the given schemas", fv, fv)
-			}
-			b.BootIndex = max(n, -1)
-		}
-		if fv, ok := item["volume_size"]; ok && string(fv) != "null" {
-			n, err := intOrString(fv)
-			if err != nil || n < 0 {
-				return nil, api.BadRequest("Invalid input for field/attribute volume_size. Value: %s. %s is not valid under any of the given schemas", fv, fv)
-			}
-			b.VolumeSize = int64(n)
-		}
-		if fv, ok := item["delete_on_termination"]; ok {
-			if b.DeleteOnTermination, err = rawBool("delete_on_termination", fv); err != nil {
-				return nil, err
-			}
-		}
-		if nd, ok := item["no_device"]; ok && string(nd) != "null" && string(nd) != "false" {
-			continue // a mapping that removes a device the image names: nothing to make
-		}
-		// block_device.py BlockDeviceDict.from_api
-		if b.Source == "" {
-			return nil, errBDMFormat("Invalid source_type field.")
-		}
-		if b.Source != "blank" && b.UUID == "" {
-			return nil, errBDMFormat("Missing device UUID.")
-		}
-		if b.Dest == "" {
-			b.Dest = "local"
-			if b.Source == "volume" || b.Source == "snapshot" {
-				b.Dest = "volume"
-			}
-		}
-		if b.Dest == "local" && b.Type != "" {
-			return nil, api.BadRequest("Specifying a volume_type with destination_type=local is not supported.")
-		}
-		out = append(out, b)
 	}
 	return out, nil
+}
+
+// parseBDMItem reads one mapping of block_device_mapping_v2 whose fields
+// are known. noDevice is a mapping that removes a device the image names:
+// nothing to make.
+func parseBDMItem(item map[string]json.RawMessage) (b bdmReq, noDevice bool, err error) {
+	b = bdmReq{BootIndex: -1}
+	for _, f := range []struct {
+		dst     *string
+		name    string
+		max     int
+		pattern *regexp.Regexp
+		enum    []string
+	}{
+		{&b.Source, "source_type", 255, nil, []string{"volume", "image", "snapshot", "blank"}},
+		{&b.Dest, "destination_type", 255, nil, []string{"local", "volume"}},
+		{&b.UUID, "uuid", 255, bdmUUIDPattern, nil},
+		{&b.Device, "device_name", 255, bdmDevicePattern, nil},
+		{&b.Type, "volume_type", 255, nil, nil},
+		{&b.Tag, "tag", 60, bdmTagPattern, nil},
+	} {
+		if *f.dst, err = bdmString(item, f.name, f.max, f.pattern, f.enum...); err != nil {
+			return b, false, err
+		}
+	}
+	if _, ok := item["device_name"]; ok && b.Device == "" {
+		return b, false, errBDMFormat("Device name empty or too long.")
+	}
+	if fv, ok := item["boot_index"]; ok && string(fv) != "null" {
+		n, err := intOrString(fv)
+		if err != nil {
+			return b, false, api.BadRequest("Invalid input for field/attribute boot_index. Value: %s. %s is not valid under any of the given schemas", fv, fv)
+		}
+		b.BootIndex = max(n, -1)
+	}
+	if fv, ok := item["volume_size"]; ok && string(fv) != "null" {
+		n, err := intOrString(fv)
+		if err != nil || n < 0 {
+			return b, false, api.BadRequest("Invalid input for field/attribute volume_size. Value: %s. %s is not valid under any of the given schemas", fv, fv)
+		}
+		b.VolumeSize = int64(n)
+	}
+	if fv, ok := item["delete_on_termination"]; ok {
+		if b.DeleteOnTermination, err = rawBool("delete_on_termination", fv); err != nil {
+			return b, false, err
+		}
+	}
+	if nd, ok := item["no_device"]; ok && string(nd) != "null" && string(nd) != "false" {
+		return b, true, nil
+	}
+	// block_device.py BlockDeviceDict.from_api
+	if b.Source == "" {
+		return b, false, errBDMFormat("Invalid source_type field.")
+	}
+	if b.Source != "blank" && b.UUID == "" {
+		return b, false, errBDMFormat("Missing device UUID.")
+	}
+	if b.Dest == "" {
+		b.Dest = "local"
+		if b.Source == "volume" || b.Source == "snapshot" {
+			b.Dest = "volume"
+		}
+	}
+	if b.Dest == "local" && b.Type != "" {
+		return b, false, api.BadRequest("Specifying a volume_type with destination_type=local is not supported.")
+	}
+	return b, false, nil
+}
+
+// bdmString reads a mapping's string field name: at most max long, one of
+// enum when given, matching pattern when given; "" when absent or null.
+func bdmString(item map[string]json.RawMessage, name string, max int, pattern *regexp.Regexp, enum ...string) (string, error) {
+	fv, ok := item[name]
+	if !ok || string(fv) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(fv, &s); err != nil {
+		return "", badField(name, fv, fmt.Sprintf("%s is not of type 'string'", fv))
+	}
+	if len(enum) > 0 && !slices.Contains(enum, s) {
+		return "", api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is not one of ['%s']", name, s, s, strings.Join(enum, "', '"))
+	}
+	if len(s) > max {
+		return "", api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is too long", name, s, s)
+	}
+	if pattern != nil && !pattern.MatchString(s) {
+		return "", api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' does not match '%s'", name, s, s, pattern.String())
+	}
+	return s, nil
 }
 
 // intOrString is an integer given as a number or as a string of digits.
