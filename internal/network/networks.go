@@ -372,6 +372,61 @@ func subnetLabel(s *subnetRow) string {
 	return s.ID
 }
 
+// subnetDNS reads a subnet's dns_nameservers: addresses, each once, at
+// most maxDNSNameservers.
+func subnetDNS(b body, s *subnetRow) error {
+	v, ok, e := b.strList("dns_nameservers")
+	if e != nil || !ok {
+		return e
+	}
+	if len(v) > maxDNSNameservers {
+		return nerr(400, "DNSNameServersExhausted", "Unable to complete operation for %s. The number of DNS nameservers exceeds the limit %d.",
+			subnetLabel(s), maxDNSNameservers)
+	}
+	seen := map[string]bool{}
+	for _, d := range v {
+		if _, err := netip.ParseAddr(d); err != nil {
+			return nerr(400, "HTTPBadRequest", "Invalid input for dns_nameservers. Reason: '%s' is not a valid nameserver. '%s' is not a valid IP address.", d, d)
+		}
+		if seen[d] {
+			return nerr(400, "HTTPBadRequest", "Invalid input for dns_nameservers. Reason: Duplicate nameserver '%s'.", d)
+		}
+		seen[d] = true
+	}
+	s.DNS = v
+	return nil
+}
+
+// subnetRoutes reads a subnet's host_routes: a destination CIDR and a next
+// hop each, at most maxHostRoutes.
+func subnetRoutes(b body, s *subnetRow) error {
+	raw, ok := b["host_routes"]
+	if !ok {
+		return nil
+	}
+	var rs []route
+	if err := json.Unmarshal(raw, &rs); err != nil {
+		return invalid("host_routes", raw, "Invalid data format for hostroute: '%s'")
+	}
+	if len(rs) > maxHostRoutes {
+		return nerr(400, "HostRoutesExhausted", "Unable to complete operation for %s. The number of host routes exceeds the limit %d.",
+			subnetLabel(s), maxHostRoutes)
+	}
+	for _, rt := range rs {
+		if _, err := netip.ParsePrefix(rt.Destination); err != nil {
+			return nerr(400, "HTTPBadRequest", "Invalid input for host_routes. Reason: '%s' is not a valid IP subnet.", rt.Destination)
+		}
+		if _, err := netip.ParseAddr(rt.Nexthop); err != nil {
+			return nerr(400, "HTTPBadRequest", "Invalid input for host_routes. Reason: '%s' is not a valid IP address.", rt.Nexthop)
+		}
+	}
+	if rs == nil {
+		rs = []route{}
+	}
+	s.Routes = rs
+	return nil
+}
+
 // subnetAttrs applies the attributes shared by create and update.
 func subnetAttrs(b body, s *subnetRow, p netip.Prefix) error {
 	if v, ok, e := b.str("name", 255); e != nil {
@@ -389,46 +444,11 @@ func subnetAttrs(b body, s *subnetRow, p netip.Prefix) error {
 	} else if ok {
 		s.EnableDHCP = v
 	}
-	if v, ok, e := b.strList("dns_nameservers"); e != nil {
-		return e
-	} else if ok {
-		if len(v) > maxDNSNameservers {
-			return nerr(400, "DNSNameServersExhausted", "Unable to complete operation for %s. The number of DNS nameservers exceeds the limit %d.",
-				subnetLabel(s), maxDNSNameservers)
-		}
-		seen := map[string]bool{}
-		for _, d := range v {
-			if _, err := netip.ParseAddr(d); err != nil {
-				return nerr(400, "HTTPBadRequest", "Invalid input for dns_nameservers. Reason: '%s' is not a valid nameserver. '%s' is not a valid IP address.", d, d)
-			}
-			if seen[d] {
-				return nerr(400, "HTTPBadRequest", "Invalid input for dns_nameservers. Reason: Duplicate nameserver '%s'.", d)
-			}
-			seen[d] = true
-		}
-		s.DNS = v
+	if err := subnetDNS(b, s); err != nil {
+		return err
 	}
-	if raw, ok := b["host_routes"]; ok {
-		var rs []route
-		if err := json.Unmarshal(raw, &rs); err != nil {
-			return invalid("host_routes", raw, "Invalid data format for hostroute: '%s'")
-		}
-		if len(rs) > maxHostRoutes {
-			return nerr(400, "HostRoutesExhausted", "Unable to complete operation for %s. The number of host routes exceeds the limit %d.",
-				subnetLabel(s), maxHostRoutes)
-		}
-		for _, rt := range rs {
-			if _, err := netip.ParsePrefix(rt.Destination); err != nil {
-				return nerr(400, "HTTPBadRequest", "Invalid input for host_routes. Reason: '%s' is not a valid IP subnet.", rt.Destination)
-			}
-			if _, err := netip.ParseAddr(rt.Nexthop); err != nil {
-				return nerr(400, "HTTPBadRequest", "Invalid input for host_routes. Reason: '%s' is not a valid IP address.", rt.Nexthop)
-			}
-		}
-		if rs == nil {
-			rs = []route{}
-		}
-		s.Routes = rs
+	if err := subnetRoutes(b, s); err != nil {
+		return err
 	}
 	gwChanged := false
 	if b.has("gateway_ip") {
