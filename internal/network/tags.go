@@ -42,6 +42,35 @@ func validTag(t string) error {
 	return nil
 }
 
+// decodeTags reads a replace's {"tags": [...]}: valid tags, each once,
+// at most MaxTags.
+func decodeTags(r *http.Request) ([]string, error) {
+	var in struct {
+		Tags *[]string `json:"tags"`
+	}
+	if err := api.DecodeJSON(r, &in); err != nil {
+		return nil, nerr(400, "HTTPBadRequest", "%s", api.AsError(err).Message)
+	}
+	if in.Tags == nil {
+		return nil, nerr(400, "HTTPBadRequest", "Invalid input for tags. Reason: 'tags' is required.")
+	}
+	var tags []string
+	seen := make(map[string]bool, len(*in.Tags))
+	for _, t := range *in.Tags {
+		if err := validTag(t); err != nil {
+			return nil, err
+		}
+		if !seen[t] {
+			seen[t] = true
+			tags = append(tags, t)
+		}
+	}
+	if len(tags) > MaxTags {
+		return nil, errTooManyTags(len(tags))
+	}
+	return tags, nil
+}
+
 // tagHandler serves one operation of the tag API on a collection.
 func (s *Service) tagHandler(coll, op string) api.HandlerFunc {
 	tt := tagTables[coll]
@@ -50,27 +79,9 @@ func (s *Service) tagHandler(coll, op string) api.HandlerFunc {
 		id, tag := pathID(r, "id"), r.PathValue("tag")
 		var newTags []string
 		if op == "replace" {
-			var in struct {
-				Tags *[]string `json:"tags"`
-			}
-			if err := api.DecodeJSON(r, &in); err != nil {
-				return nil, nerr(400, "HTTPBadRequest", "%s", api.AsError(err).Message)
-			}
-			if in.Tags == nil {
-				return nil, nerr(400, "HTTPBadRequest", "Invalid input for tags. Reason: 'tags' is required.")
-			}
-			seen := make(map[string]bool, len(*in.Tags))
-			for _, t := range *in.Tags {
-				if err := validTag(t); err != nil {
-					return nil, err
-				}
-				if !seen[t] {
-					seen[t] = true
-					newTags = append(newTags, t)
-				}
-			}
-			if len(newTags) > MaxTags {
-				return nil, errTooManyTags(len(newTags))
+			var err error
+			if newTags, err = decodeTags(r); err != nil {
+				return nil, err
 			}
 		}
 		if op == "add" {
