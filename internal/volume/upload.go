@@ -30,6 +30,68 @@ const uploadImageKey = "upload_image_id"
 // qemu-img writes here).
 var uploadFormats = []string{"raw", "qcow2", "vmdk", "vdi", "vhdx"}
 
+// upload is what os-volume_upload_image asks for.
+type upload struct {
+	name                        string
+	force                       bool
+	diskFormat, containerFormat string
+}
+
+// decodeUpload reads os-volume_upload_image's argument: an image name, the
+// formats qemu-img writes, and neither another visibility nor protection.
+func decodeUpload(raw json.RawMessage) (upload, error) {
+	var up upload
+	b, err := actionBody("os-volume_upload_image", raw)
+	if err != nil {
+		return up, err
+	}
+	if err := api.UnknownFields(b, "image_name", "force", "disk_format", "container_format", "visibility", "protected"); err != nil {
+		return up, err
+	}
+	name, err := b.optString("image_name", 255)
+	if err != nil {
+		return up, err
+	}
+	if name == nil {
+		return up, api.BadRequest("No image_name was specified in request.")
+	}
+	up.name = *name
+	if up.force, _, err = b.boolean("force"); err != nil {
+		return up, err
+	}
+	df, cf := "raw", "bare"
+	for key, dst := range map[string]*string{"disk_format": &df, "container_format": &cf} {
+		v, err := b.optString(key, 255)
+		if err != nil {
+			return up, err
+		}
+		if v != nil {
+			*dst = *v
+		}
+	}
+	if !slices.Contains(uploadFormats, df) {
+		return up, api.BadRequest("Invalid disk-format '%s' specified. Allowed disk-formats are %s.", df, strings.Join(uploadFormats, ", "))
+	}
+	if cf != "bare" {
+		return up, api.BadRequest("Invalid container-format '%s' specified. Allowed container-formats are bare.", cf)
+	}
+	// Images made here are private to the owner, as Glance makes a
+	// member's: another visibility, or protection, is set afterwards
+	// through the image API with its own policies.
+	if v, err := b.optString("visibility", 255); err != nil {
+		return up, err
+	} else if v != nil && *v != "private" {
+		return up, api.BadRequest("Invalid visibility '%s': an uploaded image is private; change it through the image API.", *v)
+	}
+	if p, _, err := b.boolean("protected"); err != nil {
+		return up, err
+	} else if p {
+		return up, api.BadRequest("An uploaded image is not protected; protect it through the image API.")
+	}
+	up.diskFormat, up.containerFormat = df, cf
+	return up, nil
+}
+
 // uploadImage is os-volume_upload_image {"image_name", "force",
 // "disk_format", "container_format"}: a new private image of the owner's
 // with the volume's data, made in the background while the volume is
@@ -38,53 +100,11 @@ var uploadFormats = []string{"raw", "qcow2", "vmdk", "vdi", "vhdx"}
 // allows only where the operator turned enable_force_upload on. 202.
 func (s *Service) uploadImage(r *http.Request, raw json.RawMessage) (*api.Response, error) {
 	ctx := r.Context()
-	b, err := actionBody("os-volume_upload_image", raw)
+	up, err := decodeUpload(raw)
 	if err != nil {
 		return nil, err
 	}
-	if err := api.UnknownFields(b, "image_name", "force", "disk_format", "container_format", "visibility", "protected"); err != nil {
-		return nil, err
-	}
-	name, err := b.optString("image_name", 255)
-	if err != nil {
-		return nil, err
-	}
-	if name == nil {
-		return nil, api.BadRequest("No image_name was specified in request.")
-	}
-	force, _, err := b.boolean("force")
-	if err != nil {
-		return nil, err
-	}
-	df, cf := "raw", "bare"
-	for key, dst := range map[string]*string{"disk_format": &df, "container_format": &cf} {
-		v, err := b.optString(key, 255)
-		if err != nil {
-			return nil, err
-		}
-		if v != nil {
-			*dst = *v
-		}
-	}
-	if !slices.Contains(uploadFormats, df) {
-		return nil, api.BadRequest("Invalid disk-format '%s' specified. Allowed disk-formats are %s.", df, strings.Join(uploadFormats, ", "))
-	}
-	if cf != "bare" {
-		return nil, api.BadRequest("Invalid container-format '%s' specified. Allowed container-formats are bare.", cf)
-	}
-	// Images made here are private to the owner, as Glance makes a
-	// member's: another visibility, or protection, is set afterwards
-	// through the image API with its own policies.
-	if v, err := b.optString("visibility", 255); err != nil {
-		return nil, err
-	} else if v != nil && *v != "private" {
-		return nil, api.BadRequest("Invalid visibility '%s': an uploaded image is private; change it through the image API.", *v)
-	}
-	if p, _, err := b.boolean("protected"); err != nil {
-		return nil, err
-	} else if p {
-		return nil, api.BadRequest("An uploaded image is not protected; protect it through the image API.")
-	}
+	name, force, df, cf := &up.name, up.force, up.diskFormat, up.containerFormat
 	if s.images == nil {
 		return nil, api.BadRequest("This cloud has no image service to upload to.")
 	}
