@@ -544,14 +544,18 @@ func (a *Agent) execute(ctx context.Context, op wire.Op) (r wire.Result, ok bool
 	return r, true
 }
 
-// call maps an op onto its driver call. A driver that panics fails the op
-// rather than the agent.
+// call maps an op onto its driver call (opCalls). A driver that panics
+// fails the op rather than the agent.
 func (a *Agent) call(ctx context.Context, op wire.Op) (out any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("agent: driver panicked on %s: %v", op.Kind, p)
 		}
 	}()
+	f, ok := opCalls[op.Kind]
+	if !ok {
+		return nil, fmt.Errorf("agent: unknown op kind %q (a newer controller?)", op.Kind)
+	}
 	args := func(v any) error {
 		if len(op.Args) == 0 {
 			return nil
@@ -561,121 +565,126 @@ func (a *Agent) call(ctx context.Context, op wire.Op) (out any, err error) {
 		}
 		return nil
 	}
-	d, id := a.drv, op.ServerID
-	switch op.Kind {
-	case wire.KindSpawn, wire.KindResize:
+	return f(ctx, a.drv, op, args)
+}
+
+// opCall runs one kind of op on d; args decodes the op's arguments.
+type opCall func(ctx context.Context, d driver.Driver, op wire.Op, args func(any) error) (any, error)
+
+// none is an op call without arguments or result.
+func none(f func(d driver.Driver, ctx context.Context, id string) error) opCall {
+	return func(ctx context.Context, d driver.Driver, op wire.Op, _ func(any) error) (any, error) {
+		return nil, f(d, ctx, op.ServerID)
+	}
+}
+
+// withArgs is an op call that decodes arguments of type A and has no result.
+func withArgs[A any](f func(ctx context.Context, d driver.Driver, id string, a A) error) opCall {
+	return func(ctx context.Context, d driver.Driver, op wire.Op, args func(any) error) (any, error) {
+		var a A
+		if err := args(&a); err != nil {
+			return nil, err
+		}
+		return nil, f(ctx, d, op.ServerID, a)
+	}
+}
+
+// specCall is spawn's and resize's: a spec for the op's own server.
+func specCall(f func(d driver.Driver, ctx context.Context, spec driver.Spec) error) opCall {
+	return func(ctx context.Context, d driver.Driver, op wire.Op, args func(any) error) (any, error) {
 		var spec driver.Spec
 		if err := args(&spec); err != nil {
 			return nil, err
 		}
-		if spec.ServerID != id {
-			return nil, fmt.Errorf("agent: %s: the spec is for server %q, not %q", op.Kind, spec.ServerID, id)
+		if spec.ServerID != op.ServerID {
+			return nil, fmt.Errorf("agent: %s: the spec is for server %q, not %q", op.Kind, spec.ServerID, op.ServerID)
 		}
-		if op.Kind == wire.KindSpawn {
-			return nil, d.Spawn(ctx, spec)
+		return nil, f(d, ctx, spec)
+	}
+}
+
+// opCalls are the driver calls of each kind of op.
+var opCalls = map[string]opCall{
+	wire.KindSpawn:   specCall(driver.Driver.Spawn),
+	wire.KindResize:  specCall(driver.Driver.Resize),
+	wire.KindDestroy: none(driver.Driver.Destroy),
+	wire.KindConfirm: none(driver.Driver.ConfirmResize),
+	wire.KindPowerOn: none(driver.Driver.PowerOn),
+	wire.KindPause:   none(driver.Driver.Pause),
+	wire.KindUnpause: none(driver.Driver.Unpause),
+	wire.KindSuspend: none(driver.Driver.Suspend),
+	wire.KindResume:  none(driver.Driver.Resume),
+	wire.KindPowerOff: withArgs(func(ctx context.Context, d driver.Driver, id string, p wire.PowerOffArgs) error {
+		return d.PowerOff(ctx, id, p.Graceful)
+	}),
+	wire.KindReboot: withArgs(func(ctx context.Context, d driver.Driver, id string, p wire.RebootArgs) error {
+		return d.Reboot(ctx, id, p.Hard)
+	}),
+	wire.KindAttachPort: withArgs(func(ctx context.Context, d driver.Driver, id string, p wire.PortArgs) error {
+		return d.AttachPort(ctx, id, p.Port)
+	}),
+	wire.KindDetachPort: withArgs(func(ctx context.Context, d driver.Driver, id string, p wire.PortArgs) error {
+		return d.DetachPort(ctx, id, p.PortID)
+	}),
+	wire.KindAttachVolume: withArgs(func(ctx context.Context, d driver.Driver, id string, p wire.VolumeArgs) error {
+		return d.AttachVolume(ctx, id, p.Volume)
+	}),
+	wire.KindDetachVolume: withArgs(func(ctx context.Context, d driver.Driver, id string, p wire.VolumeArgs) error {
+		return d.DetachVolume(ctx, id, p.VolumeID)
+	}),
+	wire.KindExtendVolume: withArgs(func(ctx context.Context, d driver.Driver, id string, p wire.VolumeArgs) error {
+		return d.ExtendVolume(ctx, id, p.VolumeID, p.SizeBytes)
+	}),
+	wire.KindCopyVolume: withArgs(func(ctx context.Context, d driver.Driver, id string, p wire.VolumeArgs) error {
+		c, ok := d.(driver.VolumeCopier)
+		if !ok {
+			return driver.ErrNotRunning // no live copy here: the caller copies the file
 		}
-		return nil, d.Resize(ctx, spec)
-	case wire.KindDestroy:
-		return nil, d.Destroy(ctx, id)
-	case wire.KindConfirm:
-		return nil, d.ConfirmResize(ctx, id)
-	case wire.KindPowerOff:
-		var p wire.PowerOffArgs
-		if err := args(&p); err != nil {
-			return nil, err
+		return c.CopyVolume(ctx, id, p.VolumeID, p.Target)
+	}),
+	wire.KindSwapVolume: withArgs(func(ctx context.Context, d driver.Driver, id string, p wire.VolumeArgs) error {
+		sw, ok := d.(driver.VolumeSwapper)
+		if !ok {
+			return errors.New("this host's driver cannot swap volumes")
 		}
-		return nil, d.PowerOff(ctx, id, p.Graceful)
-	case wire.KindPowerOn:
-		return nil, d.PowerOn(ctx, id)
-	case wire.KindReboot:
-		var p wire.RebootArgs
-		if err := args(&p); err != nil {
-			return nil, err
-		}
-		return nil, d.Reboot(ctx, id, p.Hard)
-	case wire.KindPause:
-		return nil, d.Pause(ctx, id)
-	case wire.KindUnpause:
-		return nil, d.Unpause(ctx, id)
-	case wire.KindSuspend:
-		return nil, d.Suspend(ctx, id)
-	case wire.KindResume:
-		return nil, d.Resume(ctx, id)
-	case wire.KindSnapshot:
+		return sw.SwapVolume(ctx, id, p.VolumeID, p.Volume)
+	}),
+	wire.KindSnapshot: func(ctx context.Context, d driver.Driver, op wire.Op, args func(any) error) (any, error) {
 		var p wire.SnapshotArgs
 		if err := args(&p); err != nil {
 			return nil, err
 		}
-		size, err := d.Snapshot(ctx, id, p.ImageID)
+		size, err := d.Snapshot(ctx, op.ServerID, p.ImageID)
 		if err != nil {
 			return nil, err
 		}
 		return wire.SnapshotResult{SizeBytes: size}, nil
-	case wire.KindAttachPort, wire.KindDetachPort:
-		var p wire.PortArgs
-		if err := args(&p); err != nil {
-			return nil, err
-		}
-		if op.Kind == wire.KindAttachPort {
-			return nil, d.AttachPort(ctx, id, p.Port)
-		}
-		return nil, d.DetachPort(ctx, id, p.PortID)
-	case wire.KindAttachVolume, wire.KindDetachVolume, wire.KindExtendVolume:
-		var p wire.VolumeArgs
-		if err := args(&p); err != nil {
-			return nil, err
-		}
-		switch op.Kind {
-		case wire.KindAttachVolume:
-			return nil, d.AttachVolume(ctx, id, p.Volume)
-		case wire.KindDetachVolume:
-			return nil, d.DetachVolume(ctx, id, p.VolumeID)
-		}
-		return nil, d.ExtendVolume(ctx, id, p.VolumeID, p.SizeBytes)
-	case wire.KindCopyVolume:
-		var p wire.VolumeArgs
-		if err := args(&p); err != nil {
-			return nil, err
-		}
-		c, ok := d.(driver.VolumeCopier)
-		if !ok {
-			return nil, driver.ErrNotRunning // no live copy here: the caller copies the file
-		}
-		return nil, c.CopyVolume(ctx, id, p.VolumeID, p.Target)
-	case wire.KindSwapVolume:
-		var p wire.VolumeArgs
-		if err := args(&p); err != nil {
-			return nil, err
-		}
-		sw, ok := d.(driver.VolumeSwapper)
-		if !ok {
-			return nil, errors.New("this host's driver cannot swap volumes")
-		}
-		return nil, sw.SwapVolume(ctx, id, p.VolumeID, p.Volume)
-	case wire.KindAccess:
-		acc, err := d.Access(ctx, id)
+	},
+	wire.KindAccess: func(ctx context.Context, d driver.Driver, op wire.Op, _ func(any) error) (any, error) {
+		acc, err := d.Access(ctx, op.ServerID)
 		if err != nil {
 			return nil, err
 		}
 		return wire.AccessResult{Access: acc}, nil
-	case wire.KindVNC:
-		ep, err := d.Console(ctx, id)
+	},
+	wire.KindVNC: func(ctx context.Context, d driver.Driver, op wire.Op, _ func(any) error) (any, error) {
+		ep, err := d.Console(ctx, op.ServerID)
 		if err != nil {
 			return nil, err
 		}
 		return wire.VNCResult{Endpoint: ep}, nil
-	case wire.KindConsole:
+	},
+	wire.KindConsole: func(ctx context.Context, d driver.Driver, op wire.Op, args func(any) error) (any, error) {
 		var p wire.ConsoleArgs
 		if err := args(&p); err != nil {
 			return nil, err
 		}
-		s, err := d.ConsoleOutput(ctx, id, p.Lines)
+		s, err := d.ConsoleOutput(ctx, op.ServerID, p.Lines)
 		if err != nil {
 			return nil, err
 		}
 		return wire.ConsoleResult{Output: s}, nil
-	}
-	return nil, fmt.Errorf("agent: unknown op kind %q (a newer controller?)", op.Kind)
+	},
 }
 
 func (a *Agent) kickPoster() {
