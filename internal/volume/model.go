@@ -245,10 +245,21 @@ func (b body) optString(key string, max int) (*string, error) {
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, api.BadRequest("Invalid input for field/attribute %s. Value: %s. %s is not of type 'string', 'null'", key, raw, raw)
 	}
-	if max > 0 && len([]rune(s)) > max {
-		return nil, api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is too long", key, s, s)
+	if max > 0 {
+		if err := checkLength(key, &s, max); err != nil {
+			return nil, err
+		}
 	}
 	return &s, nil
+}
+
+// checkLength is Cinder's schema bound on a string field: at most max
+// characters. A nil s is not given.
+func checkLength(key string, s *string, max int) error {
+	if s != nil && len([]rune(*s)) > max {
+		return api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is too long", key, *s, *s)
+	}
+	return nil
 }
 
 var digits = regexp.MustCompile(`^[0-9]+$`)

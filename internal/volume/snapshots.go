@@ -305,13 +305,11 @@ type SnapshotSpec struct {
 // available (or in use, forced), within quota and funds. It is in status
 // creating; the worker copies the volume's data after commit.
 func (s *Service) createSnap(ctx context.Context, c *api.Caller, spec SnapshotSpec) (*snapRow, error) {
-	for _, f := range []struct {
-		name string
-		val  *string
-	}{{"name", spec.Name}, {"description", spec.Description}} {
-		if f.val != nil && len([]rune(*f.val)) > 255 {
-			return nil, api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is too long", f.name, *f.val, *f.val)
-		}
+	if err := checkLength("name", spec.Name, 255); err != nil {
+		return nil, err
+	}
+	if err := checkLength("description", spec.Description, 255); err != nil {
+		return nil, err
 	}
 	if err := checkMetadata("metadata", spec.Metadata); err != nil {
 		return nil, err

@@ -185,10 +185,6 @@ func decodeVolumeSpec(r *http.Request) (VolumeSpec, error) {
 				return spec, err
 			}
 		}
-		if val != nil {
-			t := strings.TrimSpace(*val)
-			val = &t
-		}
 		if k[0] == "name" {
 			spec.Name = val
 		} else {
@@ -258,8 +254,8 @@ func (spec VolumeSpec) check() error {
 		val  *string
 	}{{"name", spec.Name}, {"description", spec.Description}, {"volume_type", spec.Type},
 		{"snapshot_id", spec.SnapshotID}, {"source_volid", spec.SourceVolID}, {"imageRef", spec.ImageRef}} {
-		if f.val != nil && len([]rune(*f.val)) > 255 {
-			return api.BadRequest("Invalid input for field/attribute %s. Value: %s. '%s' is too long", f.name, *f.val, *f.val)
+		if err := checkLength(f.name, f.val, 255); err != nil {
+			return err
 		}
 	}
 	if n := spec.Size; n != nil && *n < 1 {
